@@ -1,0 +1,141 @@
+"""Qwen3 decoder building blocks shared by the talker and the code predictor.
+
+The released config declares interleaved MRoPE, but all three position axes are the same 1-D positions, so plain
+rotate-half RoPE is exact (model doc §4). Attention reads a static KV cache that the caller owns.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecoderLMConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # positions: [B, L] -> cos, sin: [B, 1, L, head_dim] (computed in fp32 as the reference does)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Static per-layer key/value buffers: [layers, B, kv_heads, max_len, head_dim].
+
+    Preallocated once; a forward writes its new keys at `start .. start+L` and attends over `0 .. start+L`.
+    """
+
+    def __init__(self, cfg: DecoderLMConfig, batch_size: int, max_len: int, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderLMConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+        # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, start+L] bool (True = attend)
+        b, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        end = start + length
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderLMConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderLMConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """Layers + final norm of a Qwen3 decoder (`model.layers.*`, `model.norm`); embeddings live in the owner."""
+
+    def __init__(self, cfg: DecoderLMConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
+                   mask: torch.Tensor) -> torch.Tensor:
+        # x: [B, L, hidden]; positions: [B, L] RoPE positions; returns the post-norm hidden states [B, L, hidden]
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+        return self.norm(x)
+
+
+def causal_mask(key_valid: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """[B, 1, length, start+length] bool: causal over cache slots, restricted to valid (non-padding) keys.
+
+    A padding query may attend to itself so that no softmax row is empty (an empty row gives NaN, and NaN values
+    would leak through masked-out keys of the next layer as 0 * NaN)."""
+    end = start + length
+    q_slot = torch.arange(start, end, device=key_valid.device)[:, None]
+    k_slot = torch.arange(end, device=key_valid.device)[None, :]
+    causal = k_slot <= q_slot
+    mask = causal[None] & key_valid[:, None, :end]
+    mask |= (k_slot == q_slot)[None]
+    return mask[:, None]

@@ -1,0 +1,194 @@
+"""Requests → talker prompts (model doc §6–§7).
+
+Two steps, so the server can run them in different places: `PromptBuilder.tokenize` is tokenizer-bound CPU work
+(validation + text ids); `embed_prompt` turns a `TalkerPrompt` into the prefill rows and the trailing text rows
+on the talker's device.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from .config import Qwen3TTSConfig
+from .sampling import SamplingParams
+from .talker import Talker
+
+logger = logging.getLogger(__name__)
+
+# user-facing task type → checkpoint `tts_model_type`
+TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
+AudioInput = str | bytes | tuple[np.ndarray, int]
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as given; `param` names the offending field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SynthesisRequest:
+    text: str
+    task_type: str | None = None          # CustomVoice | VoiceDesign | Base; None = the checkpoint's
+    voice: str | None = None              # CustomVoice speaker name
+    language: str | None = None           # None = Auto
+    instructions: str | None = None
+    ref_audio: AudioInput | None = None   # Base: path, file bytes or (samples, sample_rate)
+    ref_text: str | None = None           # Base ICL transcript of ref_audio
+    x_vector_only: bool = False
+    non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class TalkerPrompt:
+    """Everything the prefill needs, as ids and (for Base) voice features."""
+    role_ids: list[int]
+    text_ids: list[int]
+    instruct_ids: list[int]
+    language_id: int | None
+    speaker_id: int | None                  # CustomVoice: codec-embedding row of the speaker
+    non_streaming: bool
+    ref_text_ids: list[int] | None = None   # Base ICL
+    speaker_embedding: torch.Tensor | None = None  # Base: x-vector [H]
+    ref_codes: torch.Tensor | None = None   # Base ICL: [T_ref, 16]
+
+    @property
+    def is_icl(self) -> bool:
+        return self.ref_codes is not None
+
+
+class PromptBuilder:
+    def __init__(self, config: Qwen3TTSConfig, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(self.config.talker.spk_id)
+
+    @property
+    def languages(self) -> list[str]:
+        # dialect ids are chosen through the speaker, never requested directly
+        return ["auto"] + sorted(k for k in self.config.talker.codec_language_id if "dialect" not in k)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def tokenize(self, request: SynthesisRequest) -> TalkerPrompt:
+        """Validate the request against the checkpoint and tokenize it (voice features are filled in later)."""
+        cfg, talker = self.config, self.config.talker
+        model_type = cfg.tts_model_type
+        if request.task_type is not None:
+            if request.task_type not in TASK_TYPES:
+                raise RequestError("task_type", f"unknown task_type {request.task_type!r}; expected one of "
+                                                f"{', '.join(TASK_TYPES)}")
+            if TASK_TYPES[request.task_type] != model_type:
+                expected = next(k for k, v in TASK_TYPES.items() if v == model_type)
+                raise RequestError("task_type", f"task_type {request.task_type!r} does not match the loaded "
+                                                f"{expected} checkpoint")
+        text = (request.text or "").lstrip("\r\n")  # a leading newline would merge with the role newline
+        if not text.strip():
+            raise RequestError("input", "input text is empty")
+        ids = self._encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        role_ids, text_ids = ids[:3], ids[3:-5]
+
+        speaker = (request.voice or "").strip().lower() or None
+        instructions = request.instructions or None
+        if model_type == "custom_voice":
+            if speaker is None:
+                raise RequestError("voice", f"voice is required for CustomVoice; available: {', '.join(self.speakers)}")
+            if speaker not in talker.spk_id:
+                raise RequestError("voice", f"unknown voice {request.voice!r}; available: {', '.join(self.speakers)}")
+            if instructions and cfg.tts_model_size == "0b6":
+                logger.warning("instructions are not supported by 0.6B CustomVoice checkpoints; ignored")
+                instructions = None
+        elif speaker is not None:
+            raise RequestError("voice", f"voice {request.voice!r} is not supported by {model_type} checkpoints"
+                                        + ("; give ref_audio instead" if model_type == "base" else ""))
+        if model_type == "base" and instructions:
+            raise RequestError("instructions", "instructions are not supported by Base (voice clone) checkpoints")
+
+        language = (request.language or "auto").strip().lower()
+        if language not in self.languages:
+            raise RequestError("language", f"unsupported language {request.language!r}; supported: "
+                                           f"{', '.join(self.languages)}")
+        language_id = None if language == "auto" else talker.codec_language_id[language]
+        dialect = talker.spk_is_dialect.get(speaker) if speaker else False
+        if language in ("chinese", "auto") and dialect:
+            if dialect not in talker.codec_language_id:
+                raise RequestError("voice", f"voice {request.voice!r} names dialect {dialect!r}, which the "
+                                            "checkpoint has no language id for")
+            language_id = talker.codec_language_id[dialect]
+
+        ref_text_ids = None
+        if model_type == "base":
+            if request.ref_audio is None:
+                raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints")
+            if not request.x_vector_only:
+                if not (request.ref_text or "").strip():
+                    raise RequestError("ref_text", "ref_text is required for voice cloning unless x_vector_only "
+                                                   "mode is set")
+                ref_text_ids = self._encode(f"<|im_start|>assistant\n{request.ref_text}<|im_end|>\n")[3:-2]
+        non_streaming = request.non_streaming_mode
+        if non_streaming is None:
+            non_streaming = model_type != "base"
+        instruct_ids = self._encode(f"<|im_start|>user\n{instructions}<|im_end|>\n") if instructions else []
+        return TalkerPrompt(role_ids=role_ids, text_ids=text_ids, instruct_ids=instruct_ids, language_id=language_id,
+                            speaker_id=talker.spk_id[speaker] if model_type == "custom_voice" else None,
+                            non_streaming=non_streaming, ref_text_ids=ref_text_ids)
+
+
+@torch.no_grad()
+def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill rows [L, H] and trailing text rows [T, H] (fed one per decode step, then tts_pad), §7."""
+    tc = config.talker
+    device = talker.codec_head.weight.device
+
+    def ids(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    def text(values: list[int]) -> torch.Tensor:
+        return talker.embed_text(ids(values))
+
+    def codec(values: list[int]) -> torch.Tensor:
+        return talker.embed_codec(ids(values))
+
+    tts_bos, tts_eos, tts_pad = text([config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id])
+    tag = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if prompt.language_id is None else
+           [tc.codec_think_id, tc.codec_think_bos_id, prompt.language_id, tc.codec_think_eos_id])
+    codec_rows = [codec(tag)]
+    if prompt.speaker_id is not None:
+        codec_rows.append(codec([prompt.speaker_id]))
+    elif prompt.speaker_embedding is not None:
+        codec_rows.append(prompt.speaker_embedding.to(device=device, dtype=tts_pad.dtype)[None])
+    codec_prefix = torch.cat(codec_rows)
+    head = [text(prompt.instruct_ids)] if prompt.instruct_ids else []
+    head += [text(prompt.role_ids), codec_prefix + tts_pad, (codec([tc.codec_pad_id]) + tts_bos)]
+
+    if prompt.is_icl:
+        tt = torch.cat([text(prompt.ref_text_ids + prompt.text_ids), tts_eos[None]])
+        cc = torch.cat([codec([tc.codec_bos_id]), talker.embed_frame(prompt.ref_codes.to(device))])
+        if prompt.non_streaming:
+            body = [tt + codec([tc.codec_pad_id]), cc + tts_pad]
+            trailing = tts_pad[None]
+        elif len(tt) > len(cc):
+            body, trailing = [tt[:len(cc)] + cc], tt[len(cc):]
+        else:
+            padded = torch.cat([tt, tts_pad.expand(len(cc) - len(tt), -1)])
+            body, trailing = [padded + cc], tts_pad[None]
+    elif prompt.non_streaming:
+        rows = torch.cat([text(prompt.text_ids), tts_eos[None]]) + codec([tc.codec_pad_id])
+        body = [rows, tts_pad[None] + codec([tc.codec_bos_id])]
+        trailing = tts_pad[None]
+    else:
+        first = text(prompt.text_ids[:1]) + codec([tc.codec_bos_id])
+        body = [first]
+        trailing = torch.cat([text(prompt.text_ids[1:]), tts_eos[None]])
+    return torch.cat(head + body), trailing

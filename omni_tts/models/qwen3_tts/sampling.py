@@ -1,0 +1,162 @@
+"""Sampling parameters and the reference's logits processing, batched with per-row parameters (model doc §8).
+
+Talker order: repetition penalty (generated c0 ids only) → min-new-tokens → suppressed ids → temperature → top-k
+→ top-p → sample (argmax when greedy). The code predictor uses only temperature / top-k / top-p.
+Every request owns its torch.Generator, so a batch's composition never changes a seeded request's output.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# wrapper fallbacks (reference `Qwen3TTSModel`), used when generation_config.json lacks a key
+FALLBACK_GENERATION = dict(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
+                           subtalker_dosample=True, subtalker_temperature=0.9, subtalker_top_k=50,
+                           subtalker_top_p=1.0, max_new_tokens=2048)
+MIN_NEW_TOKENS = 2
+
+
+@dataclass
+class SamplingParams:
+    """What a request asks for; None means "use the checkpoint's generation_config.json, then the fallback".
+
+    temperature 0 means greedy for the talker and, unless subtalker_temperature is set, for the code predictor.
+    """
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    subtalker_temperature: float | None = None
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """ValueError naming the field for out-of-range values."""
+        ranges = {"temperature": (0.0, False), "subtalker_temperature": (0.0, False), "top_p": (0.0, True),
+                  "subtalker_top_p": (0.0, True), "repetition_penalty": (0.0, True)}
+        for name, (low, exclusive) in ranges.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < low or (exclusive and value == low) or (name.endswith("top_p") and value > 1.0):
+                bound = "(0, 1]" if name.endswith("top_p") else ("> 0" if exclusive else ">= 0")
+                raise ValueError(f"{name} must be {bound}, got {value}")
+        for name in ("top_k", "subtalker_top_k"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 (0 disables it), got {value}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+
+
+@dataclass(frozen=True)
+class ResolvedSampling:
+    """Concrete per-request values; temperature 0 = greedy."""
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    subtalker_temperature: float
+    subtalker_top_k: int
+    subtalker_top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+def resolve_sampling(params: SamplingParams, generation_config: dict[str, Any]) -> ResolvedSampling:
+    params.validate()
+    defaults = {k: generation_config.get(k, v) for k, v in FALLBACK_GENERATION.items()}
+
+    def pick(name: str) -> Any:
+        value = getattr(params, name)
+        return defaults[name] if value is None else value
+
+    temperature = pick("temperature") if defaults["do_sample"] or params.temperature is not None else 0.0
+    if params.subtalker_temperature is not None:
+        sub_temperature = params.subtalker_temperature
+    elif params.temperature == 0 or not defaults["subtalker_dosample"]:
+        sub_temperature = 0.0
+    else:
+        sub_temperature = defaults["subtalker_temperature"]
+    return ResolvedSampling(temperature=float(temperature), top_k=int(pick("top_k")), top_p=float(pick("top_p")),
+                            repetition_penalty=float(pick("repetition_penalty")),
+                            subtalker_temperature=float(sub_temperature), subtalker_top_k=int(pick("subtalker_top_k")),
+                            subtalker_top_p=float(pick("subtalker_top_p")), max_new_tokens=int(pick("max_new_tokens")),
+                            seed=secrets.randbits(63) if params.seed is None else int(params.seed))
+
+
+def warp_and_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                    generators: list[torch.Generator]) -> torch.Tensor:
+    """logits: [B, V] already penalised/suppressed; per-row temperature/top_k/top_p: [B]. Returns ids [B].
+
+    Rows with temperature 0 take the argmax. Sampling uses the exponential race (argmax p/q with q ~ Exp(1)),
+    which is exactly categorical sampling and needs no host sync."""
+    greedy_ids = logits.argmax(dim=-1)
+    sampled = temperature > 0
+    if not bool(sampled.any()):  # a host sync only on the all-greedy path, which is decided by params anyway
+        return greedy_ids
+    vocab = logits.shape[-1]
+    scores = logits.float() / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
+    # top-k: keep scores >= the k-th largest (k = 0 or >= V disables)
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
+    sorted_desc = scores.sort(dim=-1, descending=True).values
+    kth = sorted_desc.gather(1, (k - 1)[:, None])
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    # top-p (HF order: ascending sort, drop the low tail whose cumulative mass <= 1 - p, always keep the best)
+    sorted_asc, order = scores.sort(dim=-1)
+    cumulative = sorted_asc.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)[:, None]
+    remove_sorted[:, -1] = False
+    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    scores = scores.masked_fill(remove, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    noise = torch.stack([torch.empty(vocab, device=logits.device).exponential_(generator=g) for g in generators])
+    sampled_ids = (probs / noise).argmax(dim=-1)
+    return torch.where(sampled, sampled_ids, greedy_ids)
+
+
+class BatchSampler:
+    """Per-row sampling state for a batch of requests: parameters as device tensors, one generator per row,
+    and the set of codebook-0 ids each row has generated (for the repetition penalty)."""
+
+    def __init__(self, params: list[ResolvedSampling], talker_vocab: int, audio_vocab: int, eos_id: int,
+                 device: torch.device | str) -> None:
+        def col(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
+
+        self.temperature, self.top_k, self.top_p = col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32)
+        self.repetition_penalty = col("repetition_penalty", torch.float32)
+        self.sub_temperature, self.sub_top_k = col("subtalker_temperature", torch.float32), col("subtalker_top_k", torch.long)
+        self.sub_top_p = col("subtalker_top_p", torch.float32)
+        self.generators = [torch.Generator(device=device).manual_seed(p.seed) for p in params]
+        self.eos_id = eos_id
+        self.seen = torch.zeros(len(params), talker_vocab, dtype=torch.bool, device=device)
+        self.num_generated = torch.zeros(len(params), dtype=torch.long, device=device)
+        suppressed = torch.zeros(talker_vocab, dtype=torch.bool, device=device)
+        suppressed[audio_vocab:] = True
+        suppressed[eos_id] = False
+        self.suppressed = suppressed
+
+    def sample_talker(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [B, talker_vocab] → c0 ids [B] (audio code or EOS); records them as generated."""
+        logits = logits.float()
+        penalty = self.repetition_penalty[:, None]
+        penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+        logits = torch.where(self.seen, penalised, logits)
+        too_early = (self.num_generated < MIN_NEW_TOKENS)[:, None] & (torch.arange(logits.shape[-1], device=logits.device) == self.eos_id)
+        logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
+        ids = warp_and_sample(logits, self.temperature, self.top_k, self.top_p, self.generators)
+        self.seen.scatter_(1, ids[:, None], True)
+        self.num_generated += 1
+        return ids
+
+    def sample_codebook(self, logits: torch.Tensor, j: int) -> torch.Tensor:
+        """Code predictor draw for codebook j+1: logits [B, 2048] → ids [B]."""
+        return warp_and_sample(logits.float(), self.sub_temperature, self.sub_top_k, self.sub_top_p, self.generators)

@@ -1,0 +1,65 @@
+"""Qwen2 byte-level BPE text tokenizer, built explicitly so the pre-tokenizer is always the Qwen2 regex.
+
+The reference's loader can swap in Mistral's regex under some transformers versions (`iPhone` → `i`, `Phone`,
+model doc §13); building the pipeline by hand from vocab.json + merges.txt rules that out.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from importlib import resources
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from .config import ConfigError, read_json
+
+QWEN2_PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+_ASSETS = {"vocab.json": "qwen2_vocab.json.gz", "merges.txt": "qwen2_merges.txt.gz"}
+SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+
+
+def load_text_tokenizer(model_dir: str) -> Tokenizer:
+    for name in TOKENIZER_FILES:
+        if not os.path.isfile(os.path.join(model_dir, name)):
+            raise ConfigError(f"{os.path.join(model_dir, name)}: file not found (the text tokenizer needs "
+                              f"{', '.join(TOKENIZER_FILES)})")
+    tok = Tokenizer(models.BPE.from_file(os.path.join(model_dir, "vocab.json"), os.path.join(model_dir, "merges.txt")))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    config_path = os.path.join(model_dir, "tokenizer_config.json")
+    added = read_json(config_path).get("added_tokens_decoder", {})
+    for token_id, spec in sorted(added.items(), key=lambda kv: int(kv[0])):
+        tok.add_special_tokens([AddedToken(spec["content"], special=True, normalized=False)])
+        if tok.token_to_id(spec["content"]) != int(token_id):
+            raise ConfigError(f"{config_path}: added token {spec['content']!r} must have id "
+                              f"{tok.token_to_id(spec['content'])}, the file says {token_id}")
+    return tok
+
+
+def write_text_tokenizer_files(out_dir: str) -> None:
+    """Write the real 151,643-rank Qwen2 vocab/merges (shipped with the package) and a tokenizer_config.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    assets = resources.files(__package__) / "assets"
+    for name, asset in _ASSETS.items():
+        with gzip.open(str(assets / asset), "rb") as src, open(os.path.join(out_dir, name), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    config = {
+        "add_bos_token": False, "add_prefix_space": False,
+        "added_tokens_decoder": {str(i): {"content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                                          "normalized": False, "special": True} for c, i in SPECIAL_TOKENS.items()},
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
+        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+        "model_max_length": 131072, "pad_token": "<|endoftext|>", "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+        f.write("\n")

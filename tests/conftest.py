@@ -1,0 +1,53 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+GOLDEN_CASES = [c for c in MANIFEST["cases"] if c.get("params")]
+
+torch.set_grad_enabled(False)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="run slow real-size checks")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def case_arrays(case: dict) -> dict[str, np.ndarray]:
+    return load_file(str(FIXTURES / case["file"]))
+
+
+def case_rows(case: dict) -> list[dict]:
+    """The reference call's parameters, one dict per batch row (list-valued params are per row)."""
+    params = case["params"]
+    n = len(params["text"]) if isinstance(params["text"], list) else 1
+    return [{k: (v[i] if isinstance(v, list) else v) for k, v in params.items()} for i in range(n)]
+
+
+def case_requests(case: dict):
+    """SynthesisRequests equal to the reference call, greedy."""
+    from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+    from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+    requests = []
+    for row in case_rows(case):
+        ref_audio = str(FIXTURES / row["ref_audio"]) if row.get("ref_audio") else None
+        requests.append(SynthesisRequest(
+            text=row["text"], voice=row.get("speaker"), language=row.get("language"),
+            instructions=row.get("instruct"), ref_audio=ref_audio, ref_text=row.get("ref_text"),
+            x_vector_only=bool(row.get("x_vector_only_mode", False)), non_streaming_mode=row.get("non_streaming_mode"),
+            sampling=SamplingParams(temperature=0, max_new_tokens=row["max_new_tokens"])))
+    return requests
