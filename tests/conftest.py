@@ -26,6 +26,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def load_component(module_factory, checkpoint_dir, prefix: str):
+    """Build a model component on the meta device and load its `prefix*` tensors strictly, in fp32 on the CPU."""
+    from omni_tts.models.qwen3_tts.weights import load_strict, read_tensors, safetensors_files
+
+    with torch.device("meta"):
+        module = module_factory()
+    return load_strict(module, read_tensors(safetensors_files(str(checkpoint_dir)), prefix), str(checkpoint_dir),
+                       "cpu", torch.float32)
+
+
 def case_arrays(case: dict) -> dict[str, np.ndarray]:
     return load_file(str(FIXTURES / case["file"]))
 

@@ -1,16 +1,14 @@
 """Talker + code predictor + prompt builder against the reference goldens (no audio front end involved)."""
 import numpy as np
 import pytest
-import torch
 
-from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests
+from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests, load_component
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.generation import generate_codes, token_limit
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, embed_prompt
 from omni_tts.models.qwen3_tts.sampling import resolve_sampling
 from omni_tts.models.qwen3_tts.talker import Talker
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
-from omni_tts.models.qwen3_tts.weights import load_strict, read_tensors, safetensors_files
 
 TEXT_ONLY_CASES = [c for c in GOLDEN_CASES if c["variant"] != "tiny-base"]
 _loaded = {}
@@ -20,9 +18,7 @@ def talker_for(variant: str):
     if variant not in _loaded:
         model_dir = str(FIXTURES / variant)
         cfg = Qwen3TTSConfig.load(model_dir)
-        with torch.device("meta"):
-            talker = Talker(cfg.talker)
-        load_strict(talker, read_tensors(safetensors_files(model_dir), "talker."), variant, "cpu", torch.float32)
+        talker = load_component(lambda: Talker(cfg.talker), model_dir, "talker.")
         _loaded[variant] = cfg, talker, PromptBuilder(cfg, load_text_tokenizer(model_dir))
     return _loaded[variant]
 

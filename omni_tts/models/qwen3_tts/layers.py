@@ -25,6 +25,17 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class LayerScale(nn.Module):
+    """Per-channel residual-branch scale (`*_layer_scale.scale` in the speech tokenizer)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     # positions: [B, L] -> cos, sin: [B, 1, L, head_dim] (computed in fp32 as the reference does)

@@ -1,0 +1,119 @@
+"""`omni-tts` command line: offline synthesis and random-weight checkpoints."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import numpy as np
+
+
+def _add_synthesize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synthesize", help="synthesize one utterance offline")
+    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--text", required=True)
+    p.add_argument("--task-type", choices=["CustomVoice", "VoiceDesign", "Base"])
+    p.add_argument("--voice", help="CustomVoice speaker (default: the first speaker of the checkpoint)")
+    p.add_argument("--language", help="e.g. English, Chinese; default Auto")
+    p.add_argument("--instructions")
+    p.add_argument("--ref-audio", help="reference clip for Base voice cloning")
+    p.add_argument("--ref-text", help="transcript of --ref-audio (ICL cloning)")
+    p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--non-streaming-mode", dest="non_streaming_mode", action="store_true", default=None)
+    mode.add_argument("--streaming-mode", dest="non_streaming_mode", action="store_false")
+    p.add_argument("--temperature", type=float, help="0 = greedy")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--out", required=True, help="FILE.wav (16-bit PCM, 24 kHz) or FILE.npy (float32 samples)")
+    p.add_argument("--codes-out", help="FILE.npy for the [T, 16] codes")
+
+
+def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
+    from omni_tts.models.qwen3_tts.random_model import PRESETS, VARIANTS
+
+    p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)")
+    p.add_argument("out_dir")
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--preset", default="tiny", choices=PRESETS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of model.safetensors (the speech tokenizer is always fp32, as released)")
+
+
+def _synthesize(args: argparse.Namespace) -> int:
+    import torch
+
+    from omni_tts.models.qwen3_tts.model import Qwen3TTS
+    from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+    from omni_tts.models.qwen3_tts.random_model import default_model_dir
+    from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+    out_ext = os.path.splitext(args.out)[1].lower()
+    if out_ext not in (".wav", ".npy"):
+        raise ValueError(f"--out must end in .wav or .npy, got {args.out!r}")
+    if args.codes_out and not args.codes_out.lower().endswith(".npy"):
+        raise ValueError(f"--codes-out must end in .npy, got {args.codes_out!r}")
+    if args.ref_audio and not os.path.isfile(args.ref_audio):
+        raise ValueError(f"--ref-audio {args.ref_audio!r}: file not found")
+    tts = Qwen3TTS.from_pretrained(args.model or default_model_dir(), device=args.device,
+                                   dtype=getattr(torch, args.dtype))
+    voice = args.voice
+    if voice is None and tts.model_type == "custom_voice":
+        voice = tts.prompts.speakers[0]
+    request = SynthesisRequest(
+        text=args.text, task_type=args.task_type, voice=voice, language=args.language,
+        instructions=args.instructions, ref_audio=args.ref_audio, ref_text=args.ref_text,
+        x_vector_only=args.x_vector_only, non_streaming_mode=args.non_streaming_mode,
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                repetition_penalty=args.repetition_penalty, seed=args.seed,
+                                max_new_tokens=args.max_new_tokens))
+    result = tts.synthesize([request])[0]
+    if out_ext == ".npy":
+        np.save(args.out, result.audio.astype(np.float32))
+    else:
+        import soundfile as sf
+        sf.write(args.out, result.audio, result.sample_rate, subtype="PCM_16")
+    if args.codes_out:
+        np.save(args.codes_out, result.codes)
+    print(f"wrote {args.out}: {result.audio.shape[0] / result.sample_rate:.2f} s, {result.codes.shape[0]} frames, "
+          f"finish_reason={result.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    import torch
+
+    from omni_tts.models.qwen3_tts.random_model import make_random_model
+
+    make_random_model(args.out_dir, args.variant, args.preset, args.seed, getattr(torch, args.dtype))
+    print(f"wrote {args.preset} {args.variant} checkpoint to {args.out_dir}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="omni-tts", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_synthesize(sub)
+    _add_make_tiny_model(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handlers = {"synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
+    from omni_tts.models.qwen3_tts.config import ConfigError
+    from omni_tts.models.qwen3_tts.weights import WeightsError
+
+    try:
+        return handlers[args.command](args)
+    except (ValueError, ConfigError, WeightsError, FileExistsError) as e:
+        print(f"omni-tts {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""A loaded Qwen3-TTS-12Hz checkpoint and the offline (batched) synthesis API.
+
+    tts = Qwen3TTS.from_pretrained("path/or/owner-name", device="cpu", dtype=torch.float32)
+    results = tts.synthesize([SynthesisRequest(text="Hello.", voice="ryan", sampling=SamplingParams(temperature=0))])
+    results[0].codes  # [T, 16] int64,  results[0].audio  # float32, 24 kHz
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .audio import load_audio, resample_to
+from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
+from .generation import TOKEN_CAP_FLOOR, generate_codes, token_limit
+from .prompt import PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
+from .sampling import ResolvedSampling, resolve_sampling
+from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
+from .speech_decoder import SpeechDecoder
+from .speech_encoder import MimiEncoderConfig, SpeechEncoder
+from .talker import Talker
+from .text_tokenizer import load_text_tokenizer
+from .weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
+
+SAMPLE_RATE = 24000
+
+
+@dataclass
+class SynthesisResult:
+    codes: np.ndarray         # [T, 16] int64, codebook 0 first
+    audio: np.ndarray         # [samples] float32 at 24 kHz
+    finish_reason: str        # "stop" (EOS) or "length" (token limit reached; the audio so far is delivered)
+    num_prompt_rows: int      # prefill length in talker positions
+    num_text_tokens: int
+    sample_rate: int = SAMPLE_RATE
+
+
+@dataclass
+class PreparedRequest:
+    """A request ready for the talker: prefill rows, trailing rows, resolved sampling and its token limit."""
+    prompt: TalkerPrompt
+    prefill: torch.Tensor     # [L, H]
+    trailing: torch.Tensor    # [T, H]
+    sampling: ResolvedSampling
+    max_tokens: int
+
+
+class Qwen3TTSWeights(nn.Module):
+    """`model.safetensors`: `talker.*` (+ `speaker_encoder.*` for Base)."""
+
+    def __init__(self, config: Qwen3TTSConfig) -> None:
+        super().__init__()
+        self.talker = Talker(config.talker)
+        self.speaker_encoder = SpeakerEncoder(config.speaker_encoder) if config.speaker_encoder else None
+
+
+class SpeechTokenizerWeights(nn.Module):
+    """`speech_tokenizer/model.safetensors`: `decoder.*` (+ `encoder.*`, used by Base voice cloning only)."""
+
+    def __init__(self, config: SpeechTokenizerConfig, with_encoder: bool) -> None:
+        super().__init__()
+        self.decoder = SpeechDecoder(config.decoder)
+        self.encoder = (SpeechEncoder(MimiEncoderConfig.from_dict(config.encoder, config.path),
+                                      config.encoder_valid_num_quantizers) if with_encoder else None)
+
+
+class Qwen3TTS:
+    def __init__(self, model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 token_cap_floor: int | None = TOKEN_CAP_FLOOR) -> None:
+        self.model_dir = model_dir
+        self.device, self.dtype = torch.device(device), dtype
+        self.token_cap_floor = token_cap_floor
+        self.config = Qwen3TTSConfig.load(model_dir)
+        self.speech_config = SpeechTokenizerConfig.load(model_dir)
+        gen_path = os.path.join(model_dir, "generation_config.json")
+        self.generation_config: dict[str, Any] = read_json(gen_path) if os.path.isfile(gen_path) else {}
+        self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir))
+
+        is_base = self.config.tts_model_type == "base"
+        with torch.device("meta"):
+            weights = Qwen3TTSWeights(self.config)
+            speech = SpeechTokenizerWeights(self.speech_config, with_encoder=is_base)
+        load_strict(weights, read_tensors(safetensors_files(model_dir), ""), os.path.join(model_dir, "model.safetensors"),
+                    self.device, dtype)
+        st_dir = os.path.join(model_dir, "speech_tokenizer")
+        st_tensors = read_tensors(safetensors_files(st_dir), "")
+        if not is_base:  # the encoder is only needed to turn reference audio into codes
+            st_tensors = {k: v for k, v in st_tensors.items() if not k.startswith("encoder.")}
+        load_strict(speech, st_tensors, os.path.join(st_dir, "model.safetensors"), self.device, dtype)
+        if speech.encoder is not None:
+            speech.encoder.quantizer.float()  # nearest-codebook search stays fp32, as in the reference
+        self.talker: Talker = weights.talker
+        self.speaker_encoder: SpeakerEncoder | None = weights.speaker_encoder
+        self.decoder: SpeechDecoder = speech.decoder
+        self.speech_encoder: SpeechEncoder | None = speech.encoder
+
+    @classmethod
+    def from_pretrained(cls, model: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                        **kwargs: Any) -> "Qwen3TTS":
+        return cls(resolve_model_dir(model), device=device, dtype=dtype, **kwargs)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.tts_model_type
+
+    # --- request preparation -------------------------------------------------------------------------------
+    def tokenize(self, request: SynthesisRequest) -> TalkerPrompt:
+        return self.prompts.tokenize(request)
+
+    @torch.no_grad()
+    def add_voice_features(self, prompt: TalkerPrompt, request: SynthesisRequest) -> None:
+        """Base: x-vector (and, for ICL, the reference codes) from the request's reference audio."""
+        if self.model_type != "base":
+            return
+        try:
+            wav, sr = request.ref_audio if isinstance(request.ref_audio, tuple) else load_audio(request.ref_audio)
+            wav = resample_to(np.asarray(wav, dtype=np.float32), sr, SAMPLE_RATE)
+        except (ValueError, OSError, RuntimeError) as e:
+            raise RequestError("ref_audio", f"could not read ref_audio: {e}") from None
+        prompt.speaker_embedding = extract_speaker_embedding(self.speaker_encoder, wav)
+        if prompt.ref_text_ids is not None:
+            prompt.ref_codes = self.speech_encoder.encode(wav)
+
+    def prepare(self, request: SynthesisRequest) -> PreparedRequest:
+        prompt = self.tokenize(request)
+        try:
+            sampling = resolve_sampling(request.sampling, self.generation_config)
+        except ValueError as e:
+            raise RequestError(str(e).split(" ", 1)[0], str(e)) from None
+        self.add_voice_features(prompt, request)
+        prefill, trailing = embed_prompt(self.talker, self.config, prompt)
+        limit = token_limit(sampling.max_new_tokens, len(prompt.text_ids), self.token_cap_floor)
+        return PreparedRequest(prompt, prefill, trailing, sampling, limit)
+
+    # --- decoding ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
+        """codes [T, 16] → float32 audio. With ICL reference codes, decode ref ++ codes and cut the reference's
+        share exactly as the reference does (which can keep one extra sample, see `icl_cut`)."""
+        if ref_codes is not None:
+            full = torch.cat([ref_codes.to(codes.device), codes])
+            wav = self.decode(full)
+            return wav[icl_cut(ref_codes.shape[0], full.shape[0], wav.shape[0]):]
+        if codes.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        wav = self.decoder(codes.to(self.device).T[None])[0]
+        return wav.float().cpu().numpy()
+
+    # --- offline synthesis ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def synthesize(self, requests: list[SynthesisRequest]) -> list[SynthesisResult]:
+        """Generate a batch of requests together; each result equals what the request gives alone."""
+        prepared = [self.prepare(r) for r in requests]
+        generated = generate_codes(self.talker, self.config, [p.prefill for p in prepared],
+                                   [p.trailing for p in prepared], [p.sampling for p in prepared],
+                                   [p.max_tokens for p in prepared])
+        results = []
+        for p, g in zip(prepared, generated):
+            audio = self.decode(g.codes, p.prompt.ref_codes)
+            results.append(SynthesisResult(codes=g.codes.numpy(), audio=audio, finish_reason=g.finish_reason,
+                                           num_prompt_rows=p.prefill.shape[0], num_text_tokens=len(p.prompt.text_ids)))
+        return results
+
+
+def icl_cut(ref_frames: int, total_frames: int, num_samples: int) -> int:
+    """Samples of the reference part to drop, with the reference's float arithmetic: about 4% of lengths give
+    one sample less than ref_frames × 1920."""
+    return int(ref_frames / max(total_frames, 1) * num_samples)
