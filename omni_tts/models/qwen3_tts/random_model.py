@@ -243,6 +243,7 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
         speech = SpeechTokenizerWeights(st_config, with_encoder=True)
         randomize_speech_tokenizer(speech, seed + 1)
         _save(speech, os.path.join(st_dir, "model.safetensors"), torch.float32)
+        _apply_umask(tmp)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)
         os.rename(tmp, out_dir)
@@ -252,6 +253,16 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
     return out_dir
 
 
+def _apply_umask(root: str) -> None:
+    """mkdtemp and safetensors create owner-only entries; give the checkpoint ordinary permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
+
+
 def default_model_dir() -> str:
     """The embedded tiny CustomVoice model, generated into the user cache on first use."""
     root = os.environ.get("OMNI_TTS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "omni_tts"))
@@ -259,6 +270,7 @@ def default_model_dir() -> str:
     if not os.path.isfile(os.path.join(path, "speech_tokenizer", "model.safetensors")):
         try:
             make_random_model(path, "custom_voice", "tiny", seed=20260122)
-        except FileExistsError:  # another process is building it or built it meanwhile
-            pass
+        except OSError:  # another process finished it first (the rename is atomic)
+            if not os.path.isfile(os.path.join(path, "speech_tokenizer", "model.safetensors")):
+                raise
     return path

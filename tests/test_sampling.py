@@ -1,0 +1,96 @@
+"""Logits processing (reference order and semantics), parameter resolution and the token cap."""
+import pytest
+import torch
+
+from conftest import FIXTURES
+from omni_tts.models.qwen3_tts.generation import token_limit
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import BatchSampler, SamplingParams, resolve_sampling, warp_and_sample
+
+GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
+       "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
+       "max_new_tokens": 8192}
+
+
+def test_resolution_order_and_greedy_propagation():
+    r = resolve_sampling(SamplingParams(), GEN)
+    assert (r.temperature, r.top_k, r.repetition_penalty, r.max_new_tokens, r.subtalker_temperature) == (0.9, 50, 1.05, 8192, 0.9)
+    r = resolve_sampling(SamplingParams(), {})  # wrapper fallback
+    assert r.max_new_tokens == 2048
+    r = resolve_sampling(SamplingParams(temperature=0), GEN)
+    assert r.temperature == 0 and r.subtalker_temperature == 0  # greedy talker => greedy code predictor
+    r = resolve_sampling(SamplingParams(temperature=0, subtalker_temperature=0.7), GEN)
+    assert r.subtalker_temperature == 0.7
+    r = resolve_sampling(SamplingParams(), dict(GEN, do_sample=False, subtalker_dosample=False))
+    assert r.temperature == 0 and r.subtalker_temperature == 0
+    assert resolve_sampling(SamplingParams(seed=5), GEN).seed == 5
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.01), ("top_k", -1),
+                                         ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("seed", -1)])
+def test_out_of_range_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        resolve_sampling(SamplingParams(**{field: value}), GEN)
+
+
+def test_talker_processing_order():
+    params = [resolve_sampling(SamplingParams(temperature=0, repetition_penalty=2.0, seed=0), GEN)]
+    sampler = BatchSampler(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    logits = torch.full((1, 3072), -5.0)
+    logits[0, 2150] = 100.0   # EOS is best but forbidden for the first 2 tokens
+    logits[0, 2500] = 90.0    # suppressed control id
+    logits[0, 7] = 3.0
+    logits[0, 9] = 2.0
+    assert sampler.sample_talker(logits).item() == 7
+    # 7 was generated: its positive logit is divided by the penalty (3 -> 1.5) and 9 wins
+    assert sampler.sample_talker(logits).item() == 9
+    # after two tokens EOS is allowed
+    assert sampler.sample_talker(logits).item() == 2150
+    negative = torch.full((1, 3072), -5.0)
+    negative[0, 9] = -1.0     # generated before: multiplied by the penalty -> -2
+    negative[0, 11] = -1.5
+    assert sampler.sample_talker(negative).item() == 11
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    torch.manual_seed(0)
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    seen_k, seen_p = set(), set()
+    for _ in range(300):
+        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), gens)
+        seen_k.add(ids[0].item())
+        seen_p.add(ids[1].item())
+    assert seen_k == {0, 1}
+    # probabilities 0.64, 0.24, 0.09, ...: top-p 0.7 keeps the two best (the ascending tail with mass <= 0.3 is cut)
+    assert seen_p == {0, 1}
+
+
+def test_temperature_zero_rows_are_greedy_in_a_mixed_batch():
+    logits = torch.tensor([[1.0, 1.2, 0.9], [1.0, 1.2, 0.9]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    picks = {warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens)[1].item()
+             for _ in range(200)}
+    assert picks == {0, 1, 2}
+    for _ in range(20):
+        assert warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens)[0].item() == 1
+
+
+def test_token_limit_rule():
+    assert token_limit(8192, 5) == 192
+    assert token_limit(8192, 40) == 480
+    assert token_limit(100, 40) == 100
+    assert token_limit(8192, 5, cap_floor=None) == 8192
+
+
+def test_frame_cap_ends_a_runaway_utterance_with_length():
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=20)
+    # "Hi." is 2 text tokens: limit max(20, 24) = 24 tokens -> 23 frames, although generation_config allows 8192
+    result = tts.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english",
+                                              sampling=SamplingParams(temperature=0, repetition_penalty=1.0))])[0]
+    assert result.codes.shape[0] == 23 and result.finish_reason == "length"
+    uncapped = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=None)
+    longer = uncapped.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
+        temperature=0, repetition_penalty=1.0, max_new_tokens=40))])[0]
+    assert longer.codes.shape[0] > 23
