@@ -36,21 +36,21 @@ def test_out_of_range_values_name_the_field(field, value):
 
 def test_talker_processing_order():
     params = [resolve_sampling(SamplingParams(temperature=0, repetition_penalty=2.0, seed=0), GEN)]
-    sampler = BatchSampler(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
     logits = torch.full((1, 3072), -5.0)
     logits[0, 2150] = 100.0   # EOS is best but forbidden for the first 2 tokens
     logits[0, 2500] = 90.0    # suppressed control id
     logits[0, 7] = 3.0
     logits[0, 9] = 2.0
-    assert sampler.sample_talker(logits).item() == 7
+    assert sampler.sample_talker(logits, slice(0, 1)).item() == 7
     # 7 was generated: its positive logit is divided by the penalty (3 -> 1.5) and 9 wins
-    assert sampler.sample_talker(logits).item() == 9
+    assert sampler.sample_talker(logits, slice(0, 1)).item() == 9
     # after two tokens EOS is allowed
-    assert sampler.sample_talker(logits).item() == 2150
+    assert sampler.sample_talker(logits, slice(0, 1)).item() == 2150
     negative = torch.full((1, 3072), -5.0)
     negative[0, 9] = -1.0     # generated before: multiplied by the penalty -> -2
     negative[0, 11] = -1.5
-    assert sampler.sample_talker(negative).item() == 11
+    assert sampler.sample_talker(negative, slice(0, 1)).item() == 11
 
 
 def test_top_k_and_top_p_restrict_the_support():
@@ -59,7 +59,7 @@ def test_top_k_and_top_p_restrict_the_support():
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     seen_k, seen_p = set(), set()
     for _ in range(300):
-        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), gens)
+        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), gens, True)
         seen_k.add(ids[0].item())
         seen_p.add(ids[1].item())
     assert seen_k == {0, 1}
@@ -70,11 +70,11 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_temperature_zero_rows_are_greedy_in_a_mixed_batch():
     logits = torch.tensor([[1.0, 1.2, 0.9], [1.0, 1.2, 0.9]])
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    picks = {warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens)[1].item()
+    picks = {warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens, True)[1].item()
              for _ in range(200)}
     assert picks == {0, 1, 2}
     for _ in range(20):
-        assert warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens)[0].item() == 1
+        assert warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens, True)[0].item() == 1
 
 
 def test_token_limit_rule():

@@ -58,9 +58,10 @@ def generate_codes(talker: Talker, config: Qwen3TTSConfig, prefills: list[torch.
         trailing[i, :rows.shape[0]] = rows
     positions = (key_valid[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)
 
-    sampler = BatchSampler(params, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, device)
+    sampler = BatchSampler.for_batch(params, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, device)
+    rows = slice(0, batch)
     hidden, logits = talker(embeds, positions, cache, 0, key_valid)
-    c0 = sampler.sample_talker(logits)
+    c0 = sampler.sample_talker(logits, rows)
     next_position = positions[:, -1] + 1
     eos = tc.codec_eos_token_id
     frames: list[torch.Tensor] = []
@@ -74,7 +75,7 @@ def generate_codes(talker: Talker, config: Qwen3TTSConfig, prefills: list[torch.
                 reasons[i] = "stop" if tokens[i] == eos else "length"
         if all(n is not None for n in num_frames):
             break
-        rest = talker.code_predictor.predict(hidden, talker.embed_codec(c0), cp_cache, sampler.sample_codebook)
+        rest = talker.code_predictor.predict(hidden, talker.embed_codec(c0), cp_cache, sampler.codebook_sampler(rows))
         frame = torch.cat((c0[:, None], rest), dim=1)
         frames.append(frame)
         row = trailing[:, step] if step < trailing.shape[1] else tts_pad.expand(batch, hidden_size)
@@ -84,6 +85,6 @@ def generate_codes(talker: Talker, config: Qwen3TTSConfig, prefills: list[torch.
         hidden, logits = talker(x, next_position[:, None], cache, slot, key_valid)
         next_position = next_position + 1
         done = torch.tensor([n is not None for n in num_frames], device=device)
-        c0 = torch.where(done, torch.full_like(c0, eos), sampler.sample_talker(logits))
+        c0 = torch.where(done, torch.full_like(c0, eos), sampler.sample_talker(logits, rows))
     stacked = torch.stack(frames, dim=1).cpu() if frames else torch.zeros(batch, 0, 16, dtype=torch.long)
     return [GeneratedCodes(codes=stacked[i, :num_frames[i]].clone(), finish_reason=reasons[i]) for i in range(batch)]

@@ -67,6 +67,17 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """A view of rows start..stop-1 (no copy): writes through the view land in this cache."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, start:stop], self.v[:, start:stop]
+        return view
+
+    def copy_row(self, src: int, dst: int, length: int) -> None:
+        """Move a request's first `length` slots from row src to row dst (engine compaction)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderLMConfig) -> None:
@@ -80,16 +91,22 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, start+L] bool (True = attend)
+                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, E] bool (True = attend) over slots 0..E-1
+        # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         b, length, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        end = start + length
-        k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v
+        end = mask.shape[-1]
+        if isinstance(slots, int):
+            k_cache[:, :, slots:slots + length] = k
+            v_cache[:, :, slots:slots + length] = v
+        else:
+            rows = torch.arange(b, device=x.device)
+            k_cache[rows, :, slots] = k[:, :, 0]
+            v_cache[rows, :, slots] = v[:, :, 0]
         out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim))
@@ -115,8 +132,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start, mask)
+                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,12 +146,12 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: int | torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:
         # x: [B, L, hidden]; positions: [B, L] RoPE positions; returns the post-norm hidden states [B, L, hidden]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask)
         return self.norm(x)
 
 

@@ -59,18 +59,21 @@ class Qwen3TTSWeights(nn.Module):
 
 
 class SpeechTokenizerWeights(nn.Module):
-    """`speech_tokenizer/model.safetensors`: `decoder.*` (+ `encoder.*`, used by Base voice cloning only)."""
+    """`speech_tokenizer/model.safetensors`: `decoder.*` and `encoder.*` (the encoder serves Base voice cloning)."""
 
-    def __init__(self, config: SpeechTokenizerConfig, with_encoder: bool) -> None:
+    def __init__(self, config: SpeechTokenizerConfig, with_encoder: bool, with_decoder: bool = True) -> None:
         super().__init__()
-        self.decoder = SpeechDecoder(config.decoder)
+        self.decoder = SpeechDecoder(config.decoder) if with_decoder else None
         self.encoder = (SpeechEncoder(MimiEncoderConfig.from_dict(config.encoder, config.path),
                                       config.encoder_valid_num_quantizers) if with_encoder else None)
 
 
 class Qwen3TTS:
     def __init__(self, model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 token_cap_floor: int | None = TOKEN_CAP_FLOOR) -> None:
+                 token_cap_floor: int | None = TOKEN_CAP_FLOOR, with_talker: bool = True,
+                 with_decoder: bool = True) -> None:
+        """with_talker / with_decoder: load only one side (the talker stage has no use for the decoder, the
+        code2wav stage none for the talker)."""
         self.model_dir = model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.token_cap_floor = token_cap_floor
@@ -81,21 +84,25 @@ class Qwen3TTS:
         self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir))
 
         is_base = self.config.tts_model_type == "base"
+        self.talker: Talker | None = None
+        self.speaker_encoder: SpeakerEncoder | None = None
+        if with_talker:
+            with torch.device("meta"):
+                weights = Qwen3TTSWeights(self.config)
+            load_strict(weights, read_tensors(safetensors_files(model_dir), ""),
+                        os.path.join(model_dir, "model.safetensors"), self.device, dtype)
+            self.talker, self.speaker_encoder = weights.talker, weights.speaker_encoder
+        # the talker side needs the speech encoder (Base reference audio → codes); code2wav needs the decoder
+        with_encoder = with_talker and is_base
         with torch.device("meta"):
-            weights = Qwen3TTSWeights(self.config)
-            speech = SpeechTokenizerWeights(self.speech_config, with_encoder=is_base)
-        load_strict(weights, read_tensors(safetensors_files(model_dir), ""), os.path.join(model_dir, "model.safetensors"),
-                    self.device, dtype)
+            speech = SpeechTokenizerWeights(self.speech_config, with_encoder=with_encoder, with_decoder=with_decoder)
         st_dir = os.path.join(model_dir, "speech_tokenizer")
-        st_tensors = read_tensors(safetensors_files(st_dir), "")
-        if not is_base:  # the encoder is only needed to turn reference audio into codes
-            st_tensors = {k: v for k, v in st_tensors.items() if not k.startswith("encoder.")}
+        wanted = (("encoder.",) if with_encoder else ()) + (("decoder.",) if with_decoder else ())
+        st_tensors = {k: v for k, v in read_tensors(safetensors_files(st_dir), "").items() if k.startswith(wanted)}
         load_strict(speech, st_tensors, os.path.join(st_dir, "model.safetensors"), self.device, dtype)
         if speech.encoder is not None:
             speech.encoder.quantizer.float()  # nearest-codebook search stays fp32, as in the reference
-        self.talker: Talker = weights.talker
-        self.speaker_encoder: SpeakerEncoder | None = weights.speaker_encoder
-        self.decoder: SpeechDecoder = speech.decoder
+        self.decoder: SpeechDecoder | None = speech.decoder
         self.speech_encoder: SpeechEncoder | None = speech.encoder
 
     @classmethod
@@ -139,12 +146,14 @@ class Qwen3TTS:
     # --- decoding ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
-        """codes [T, 16] → float32 audio. With ICL reference codes, decode ref ++ codes and cut the reference's
-        share exactly as the reference does (which can keep one extra sample, see `icl_cut`)."""
+        """codes [T, 16] → float32 audio. With ICL reference codes, decode ref ++ codes (the reference clip is the
+        decoder's left context) and drop the reference's ref_frames × samples_per_frame samples.
+
+        The reference computes that cut as int(ref / total × samples) in floating point, which for about 4 % of
+        lengths keeps one sample of the reference clip; the exact cut is what a streaming decoder can reproduce."""
         if ref_codes is not None:
             full = torch.cat([ref_codes.to(codes.device), codes])
-            wav = self.decode(full)
-            return wav[icl_cut(ref_codes.shape[0], full.shape[0], wav.shape[0]):]
+            return self.decode(full)[ref_codes.shape[0] * self.decoder.samples_per_frame:]
         if codes.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
         wav = self.decoder(codes.to(self.device).T[None])[0]
@@ -164,9 +173,3 @@ class Qwen3TTS:
             results.append(SynthesisResult(codes=g.codes.numpy(), audio=audio, finish_reason=g.finish_reason,
                                            num_prompt_rows=p.prefill.shape[0], num_text_tokens=len(p.prompt.text_ids)))
         return results
-
-
-def icl_cut(ref_frames: int, total_frames: int, num_samples: int) -> int:
-    """Samples of the reference part to drop, with the reference's float arithmetic: about 4% of lengths give
-    one sample less than ref_frames × 1920."""
-    return int(ref_frames / max(total_frames, 1) * num_samples)

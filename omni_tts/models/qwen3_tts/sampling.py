@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -93,15 +93,16 @@ def resolve_sampling(params: SamplingParams, generation_config: dict[str, Any]) 
 
 
 def warp_and_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                    generators: list[torch.Generator]) -> torch.Tensor:
+                    generators: list[torch.Generator], any_sampled: bool) -> torch.Tensor:
     """logits: [B, V] already penalised/suppressed; per-row temperature/top_k/top_p: [B]. Returns ids [B].
 
-    Rows with temperature 0 take the argmax. Sampling uses the exponential race (argmax p/q with q ~ Exp(1)),
+    Rows with temperature 0 take the argmax. `any_sampled` (known on the host from the parameters) skips the
+    sampling work for all-greedy batches. Sampling uses the exponential race (argmax p/q with q ~ Exp(1)),
     which is exactly categorical sampling and needs no host sync."""
     greedy_ids = logits.argmax(dim=-1)
-    sampled = temperature > 0
-    if not bool(sampled.any()):  # a host sync only on the all-greedy path, which is decided by params anyway
+    if not any_sampled:
         return greedy_ids
+    sampled = temperature > 0
     vocab = logits.shape[-1]
     scores = logits.float() / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
     # top-k: keep scores >= the k-th largest (k = 0 or >= V disables)
@@ -123,40 +124,77 @@ def warp_and_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
 
 
 class BatchSampler:
-    """Per-row sampling state for a batch of requests: parameters as device tensors, one generator per row,
-    and the set of codebook-0 ids each row has generated (for the repetition penalty)."""
+    """Per-row sampling state for up to `capacity` requests, rows 0..B-1 active: parameters as device tensors,
+    one generator per request, and the codebook-0 ids each row has generated (for the repetition penalty).
 
-    def __init__(self, params: list[ResolvedSampling], talker_vocab: int, audio_vocab: int, eos_id: int,
+    Rows are slots: `set_row` when a request joins, `move_row` when the engine compacts after one leaves."""
+
+    _COLUMNS = {"temperature": torch.float32, "top_k": torch.long, "top_p": torch.float32,
+                "repetition_penalty": torch.float32, "subtalker_temperature": torch.float32,
+                "subtalker_top_k": torch.long, "subtalker_top_p": torch.float32}
+
+    def __init__(self, capacity: int, talker_vocab: int, audio_vocab: int, eos_id: int,
                  device: torch.device | str) -> None:
-        def col(name: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
-
-        self.temperature, self.top_k, self.top_p = col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32)
-        self.repetition_penalty = col("repetition_penalty", torch.float32)
-        self.sub_temperature, self.sub_top_k = col("subtalker_temperature", torch.float32), col("subtalker_top_k", torch.long)
-        self.sub_top_p = col("subtalker_top_p", torch.float32)
-        self.generators = [torch.Generator(device=device).manual_seed(p.seed) for p in params]
+        self.device = torch.device(device)
+        self.columns = {name: torch.zeros(capacity, dtype=dtype, device=device) for name, dtype in self._COLUMNS.items()}
+        self.generators: list[torch.Generator | None] = [None] * capacity
+        self.host_temperature = [0.0] * capacity
+        self.host_sub_temperature = [0.0] * capacity
         self.eos_id = eos_id
-        self.seen = torch.zeros(len(params), talker_vocab, dtype=torch.bool, device=device)
-        self.num_generated = torch.zeros(len(params), dtype=torch.long, device=device)
+        self.seen = torch.zeros(capacity, talker_vocab, dtype=torch.bool, device=device)
+        self.num_generated = torch.zeros(capacity, dtype=torch.long, device=device)
         suppressed = torch.zeros(talker_vocab, dtype=torch.bool, device=device)
         suppressed[audio_vocab:] = True
         suppressed[eos_id] = False
         self.suppressed = suppressed
+        self.eos_column = torch.arange(talker_vocab, device=device) == eos_id
 
-    def sample_talker(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: [B, talker_vocab] → c0 ids [B] (audio code or EOS); records them as generated."""
+    @classmethod
+    def for_batch(cls, params: list[ResolvedSampling], talker_vocab: int, audio_vocab: int, eos_id: int,
+                  device: torch.device | str) -> "BatchSampler":
+        sampler = cls(len(params), talker_vocab, audio_vocab, eos_id, device)
+        for row, p in enumerate(params):
+            sampler.set_row(row, p)
+        return sampler
+
+    def set_row(self, row: int, params: ResolvedSampling) -> None:
+        for name, column in self.columns.items():
+            column[row] = getattr(params, name)
+        self.generators[row] = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.host_temperature[row] = params.temperature
+        self.host_sub_temperature[row] = params.subtalker_temperature
+        self.seen[row] = False
+        self.num_generated[row] = 0
+
+    def move_row(self, src: int, dst: int) -> None:
+        for column in list(self.columns.values()) + [self.seen, self.num_generated]:
+            column[dst] = column[src]
+        self.generators[dst] = self.generators[src]
+        self.host_temperature[dst] = self.host_temperature[src]
+        self.host_sub_temperature[dst] = self.host_sub_temperature[src]
+
+    def sample_talker(self, logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        """logits: [B, talker_vocab] for `rows` (B rows) → c0 ids [B] (audio code or EOS), recorded as generated."""
+        c = {name: column[rows] for name, column in self.columns.items()}
         logits = logits.float()
-        penalty = self.repetition_penalty[:, None]
+        penalty = c["repetition_penalty"][:, None]
         penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
-        logits = torch.where(self.seen, penalised, logits)
-        too_early = (self.num_generated < MIN_NEW_TOKENS)[:, None] & (torch.arange(logits.shape[-1], device=logits.device) == self.eos_id)
+        logits = torch.where(self.seen[rows], penalised, logits)
+        too_early = (self.num_generated[rows] < MIN_NEW_TOKENS)[:, None] & self.eos_column
         logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
-        ids = warp_and_sample(logits, self.temperature, self.top_k, self.top_p, self.generators)
-        self.seen.scatter_(1, ids[:, None], True)
-        self.num_generated += 1
+        ids = warp_and_sample(logits, c["temperature"], c["top_k"], c["top_p"], self.generators[rows],
+                              any(t > 0 for t in self.host_temperature[rows]))
+        self.seen[rows].scatter_(1, ids[:, None], True)
+        self.num_generated[rows] += 1
         return ids
 
-    def sample_codebook(self, logits: torch.Tensor, j: int) -> torch.Tensor:
-        """Code predictor draw for codebook j+1: logits [B, 2048] → ids [B]."""
-        return warp_and_sample(logits.float(), self.sub_temperature, self.sub_top_k, self.sub_top_p, self.generators)
+    def codebook_sampler(self, rows: slice) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """The code predictor's draw for codebook j+1 over `rows`: (logits [B, 2048], j) → ids [B]."""
+        c = {name: column[rows] for name, column in self.columns.items()}
+        generators = self.generators[rows]
+        any_sampled = any(t > 0 for t in self.host_sub_temperature[rows])
+
+        def sample(logits: torch.Tensor, j: int) -> torch.Tensor:
+            return warp_and_sample(logits.float(), c["subtalker_temperature"], c["subtalker_top_k"],
+                                   c["subtalker_top_p"], generators, any_sampled)
+        return sample

@@ -114,8 +114,17 @@ class Talker(nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
                 key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """inputs_embeds: [B, L, H] written at cache slots start..start+L; key_valid: [B, S] slots holding real
-        tokens. Returns (last-position post-norm hidden [B, H], codec logits [B, vocab])."""
+        """Prefill or a batch-aligned step. inputs_embeds: [B, L, H] written at cache slots start..start+L;
+        key_valid: [B, S] slots holding real tokens. Returns (last post-norm hidden [B, H], logits [B, vocab])."""
         mask = causal_mask(key_valid, start, inputs_embeds.shape[1])
         hidden = self.model.run_layers(inputs_embeds, positions, cache, start, mask)[:, -1]
+        return hidden, self.codec_head(hidden)
+
+    def decode_step(self, inputs_embeds: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+                    num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row at its own slot (= its RoPE position; rows hold unpadded sequences).
+        inputs_embeds: [B, H]; slots: [B]; attends over slots 0..slots[b] within the first num_slots."""
+        key_valid = torch.arange(num_slots, device=slots.device)[None, :] <= slots[:, None]
+        hidden = self.model.run_layers(inputs_embeds[:, None], slots[:, None], cache, slots,
+                                       key_valid[:, None, None, :])[:, -1]
         return hidden, self.codec_head(hidden)

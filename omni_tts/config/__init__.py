@@ -1,0 +1,22 @@
+"""Stage-config schema and loader (`stage_configs/*.yaml` -> `PipelineConfig`)."""
+from omni_tts.config.stage_config import (
+    STAGE_CONFIG_DIR,
+    Code2WavStageConfig,
+    ConnectorConfig,
+    DefaultSampling,
+    PipelineConfig,
+    StageConfigError,
+    StagesConfig,
+    TalkerStageConfig,
+    available_stage_configs,
+    default_stage_config_path,
+    load_stage_config,
+    parse_stage_config,
+    stage_config_from_dict,
+)
+
+__all__ = [
+    "STAGE_CONFIG_DIR", "Code2WavStageConfig", "ConnectorConfig", "DefaultSampling", "PipelineConfig",
+    "StageConfigError", "StagesConfig", "TalkerStageConfig", "available_stage_configs", "default_stage_config_path",
+    "load_stage_config", "parse_stage_config", "stage_config_from_dict",
+]

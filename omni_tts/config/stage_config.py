@@ -1,0 +1,303 @@
+"""Stage config: where each pipeline stage runs and how big its batches, caches and rings are.
+
+One YAML file per device layout lives in `stage_configs/` at the repo root. The model directory, not the YAML,
+decides the architecture, so nothing here describes model shapes. `load_stage_config` checks everything once, with
+msgspec's typed conversion, and turns every problem into a `StageConfigError` naming the file and the dotted key:
+
+    stage_configs/x.yaml: stages.talker.dtype: must be one of float32, bfloat16, float16, got 'fp8'
+
+Structs built directly in Python run only the cross-field checks in `__post_init__`; the per-field ranges
+(`msgspec.Meta`) are enforced by the loader (`load_stage_config`, `parse_stage_config`, `stage_config_from_dict`).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import msgspec
+import msgspec.inspect
+import msgspec.structs
+import yaml
+
+__all__ = [
+    "Code2WavStageConfig", "ConnectorConfig", "DefaultSampling", "PipelineConfig", "StageConfigError",
+    "StagesConfig", "TalkerStageConfig", "available_stage_configs", "default_stage_config_path",
+    "load_stage_config", "parse_stage_config", "stage_config_from_dict", "STAGE_CONFIG_DIR",
+]
+
+STAGE_CONFIG_DIR = Path(__file__).resolve().parents[2] / "stage_configs"
+
+Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")]
+DType = Literal["float32", "bfloat16", "float16"]  # names of torch dtypes: getattr(torch, dtype)
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Probability = Annotated[float, msgspec.Meta(gt=0, le=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class StageConfigError(ValueError):
+    """A stage config that cannot be used; str() is `source: key: reason` (key omitted for file-level problems)."""
+
+    def __init__(self, source: str, key: str | None, reason: str):
+        self.source, self.key, self.reason = source, key, reason
+        super().__init__(f"{source}: {key}: {reason}" if key else f"{source}: {reason}")
+
+
+class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class TalkerStageConfig(_Config):
+    """Stage 0: the continuous-batching talker LM and its per-request KV cache rows."""
+    device: Device
+    dtype: DType = "float32"
+    max_batch_size: PositiveInt = 32  # requests decoded together in one engine step
+    max_model_len: Annotated[int, msgspec.Meta(ge=16)] = 2048  # prompt rows + generated tokens per request
+    # KV budget in token slots; one cache row holds max_model_len tokens. None = max_batch_size * max_model_len.
+    kv_cache_tokens: PositiveInt | None = None
+    max_prefill_tokens_per_step: PositiveInt = 512  # prompt rows prefilled per step, interleaved with decode
+    max_text_tokens: PositiveInt = 1024  # longest input text accepted, in text tokens
+
+    def __post_init__(self) -> None:
+        # messages start with "field: " so the loader can name stages.talker.<field>
+        if self.kv_cache_tokens is None:
+            msgspec.structs.force_setattr(self, "kv_cache_tokens", self.max_batch_size * self.max_model_len)
+        elif self.kv_cache_tokens < self.max_model_len:
+            raise ValueError(f"kv_cache_tokens: must be >= max_model_len ({self.max_model_len}) so at least one "
+                             f"KV cache row fits, got {self.kv_cache_tokens}")
+
+    @property
+    def num_cache_rows(self) -> int:
+        """KV cache rows (one per running request); concurrency is min(max_batch_size, num_cache_rows)."""
+        assert self.kv_cache_tokens is not None
+        return self.kv_cache_tokens // self.max_model_len
+
+
+class Code2WavStageConfig(_Config):
+    """Stage 1: the batched streaming speech-tokenizer decoder (codes -> audio)."""
+    device: Device
+    dtype: DType = "float32"
+    max_batch_size: PositiveInt = 32  # requests whose chunks decode together in one step
+
+
+class StagesConfig(_Config):
+    talker: TalkerStageConfig
+    code2wav: Code2WavStageConfig
+
+
+class ConnectorConfig(_Config):
+    """Shared-memory chunk ring between talker and code2wav; a frame is one step's 16 codes."""
+    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2  # first chunk: low time-to-first-audio
+    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25  # every later chunk
+    ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256
+    ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
+
+    def __post_init__(self) -> None:
+        for name in ("initial_codec_chunk_frames", "codec_chunk_frames"):
+            if getattr(self, name) > self.ring_slot_frames:
+                raise ValueError(f"{name}: must be <= ring_slot_frames ({self.ring_slot_frames}) so a chunk fits "
+                                 f"in one ring slot, got {getattr(self, name)}")
+
+
+class DefaultSampling(_Config):
+    """Server-wide sampling defaults; None = the checkpoint's generation_config.json. Requests override these."""
+    temperature: NonNegFloat | None = None  # 0 = greedy
+    top_k: NonNegInt | None = None  # 0 disables
+    top_p: Probability | None = None
+    repetition_penalty: PositiveFloat | None = None
+    subtalker_temperature: NonNegFloat | None = None
+    subtalker_top_k: NonNegInt | None = None
+    subtalker_top_p: Probability | None = None
+    max_new_tokens: PositiveInt | None = None
+
+
+class PipelineConfig(_Config):
+    """The whole serving layout: one config per stage, the connector between them, sampling defaults."""
+    stages: StagesConfig
+    connector: ConnectorConfig = msgspec.field(default_factory=ConnectorConfig)
+    sampling: DefaultSampling = msgspec.field(default_factory=DefaultSampling)
+
+    @property
+    def rows(self) -> int:
+        return self.stages.talker.num_cache_rows
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+
+def available_stage_configs() -> list[str]:
+    """Names of the shipped configs (`stage_configs/<name>.yaml`)."""
+    return sorted(p.stem for p in STAGE_CONFIG_DIR.glob("*.yaml"))
+
+
+def default_stage_config_path(name: str) -> str:
+    """A shipped config's path from its name ("cpu_tiny"); an explicit path (has a '/' or a .yaml/.yml suffix) is
+    returned unchanged."""
+    if "/" in name or "\\" in name or name.endswith((".yaml", ".yml")):
+        return name
+    path = STAGE_CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise StageConfigError(name, None, f"no such stage config in {STAGE_CONFIG_DIR}; available: "
+                                           f"{', '.join(available_stage_configs()) or '(none)'}")
+    return str(path)
+
+
+def load_stage_config(path: str) -> PipelineConfig:
+    """Read and check a stage config file; `path` may also be a shipped config's name ("cpu_tiny")."""
+    path = default_stage_config_path(str(path))
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StageConfigError(path, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StageConfigError(path, None, f"cannot read: {e}") from None
+    return parse_stage_config(text, path)
+
+
+def parse_stage_config(text: str, source: str = "<string>") -> PipelineConfig:
+    """Check YAML text; `source` names it in errors."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise StageConfigError(source, None, f"invalid YAML{where}: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise StageConfigError(source, None, f"invalid YAML: {e}") from None
+    if data is None:
+        raise StageConfigError(source, None, "empty config: expected a mapping with a 'stages' key")
+    return stage_config_from_dict(data, source)
+
+
+def stage_config_from_dict(data: Any, source: str = "<dict>") -> PipelineConfig:
+    """Check already-parsed builtins (e.g. `msgspec.to_builtins(config)` with overrides applied)."""
+    try:
+        return msgspec.convert(data, PipelineConfig)
+    except msgspec.ValidationError as e:
+        key, reason = _explain(str(e), data)
+        raise StageConfigError(source, key, reason) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+# ---- msgspec ValidationError -> (dotted key, reason) ---------------------------------------------------------------
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`(?P<path>[^`]*)`)?$", re.S)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`$")
+_FIELD_MSG = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*): (?P<reason>.+)$", re.S)
+
+
+def _explain(message: str, data: Any) -> tuple[str | None, str]:
+    m = _AT.match(message)
+    assert m is not None
+    msg, parts = m["msg"], _split_path(m["path"] or "$")
+    where = ".".join(parts) or None
+    if m["key"]:
+        return where, f"keys must be strings, got {_show(_bad_key(_value_at(data, parts)))}"
+    info = _type_at(parts)
+    if (u := _UNKNOWN.match(msg)) is not None:
+        allowed = ", ".join(f.name for f in info.fields) if isinstance(info, msgspec.inspect.StructType) else "?"
+        return _join(where, u["name"]), f"unknown key; allowed keys: {allowed}"
+    if (u := _MISSING.match(msg)) is not None:
+        return _join(where, u["name"]), "missing required key"
+    if (u := _FIELD_MSG.match(msg)) is not None and isinstance(info, msgspec.inspect.StructType):
+        return _join(where, u["name"]), u["reason"]  # a cross-field check in __post_init__
+    if info is None:
+        return where, msg
+    return where, f"{'' if where else 'the top level '}must be {_describe(info)}, got {_show(_value_at(data, parts))}"
+
+
+_LITERAL_ORDER = {frozenset(get_args(DType)): get_args(DType)}
+
+
+def _split_path(path: str) -> list[str]:
+    # "$.stages.talker.dtype" -> ["stages", "talker", "dtype"]; no arrays in this schema
+    return [p for p in path.removeprefix("$").split(".") if p]
+
+
+def _join(where: str | None, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _type_at(parts: list[str]) -> msgspec.inspect.Type | None:
+    info: msgspec.inspect.Type | None = msgspec.inspect.type_info(PipelineConfig)
+    for part in parts:
+        info = _strip(info)
+        if not isinstance(info, msgspec.inspect.StructType):
+            return None
+        info = next((f.type for f in info.fields if f.name == part), None)
+    return _strip(info)
+
+
+def _strip(info: msgspec.inspect.Type | None) -> msgspec.inspect.Type | None:
+    return info.type if isinstance(info, msgspec.inspect.Metadata) and isinstance(
+        info.type, msgspec.inspect.StructType) else info
+
+
+def _value_at(data: Any, parts: list[str]) -> Any:
+    for part in parts:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _bad_key(mapping: Any) -> Any:
+    return next((k for k in mapping if not isinstance(k, str)), None) if isinstance(mapping, dict) else None
+
+
+def _describe(info: msgspec.inspect.Type) -> str:
+    ins = msgspec.inspect
+    if isinstance(info, ins.UnionType):
+        kinds = [_describe(t) for t in info.types if not isinstance(t, ins.NoneType)]
+        return " or ".join(kinds) + (" or null" if len(kinds) < len(info.types) else "")
+    if isinstance(info, ins.Metadata):
+        description = (info.extra_json_schema or {}).get("description")
+        return description or _describe(info.type)
+    if isinstance(info, ins.LiteralType):
+        values = _LITERAL_ORDER.get(frozenset(info.values), info.values)  # msgspec.inspect sorts them
+        return "one of " + ", ".join(str(v) for v in values)
+    if isinstance(info, ins.IntType):
+        return "an integer" + _bounds(info)
+    if isinstance(info, ins.FloatType):
+        return "a number" + _bounds(info)
+    if isinstance(info, ins.StrType):
+        return "a string" + (f" matching {info.pattern!r}" if info.pattern else "")
+    if isinstance(info, ins.StructType):
+        return "a mapping with keys " + ", ".join(f.name for f in info.fields)
+    return type(info).__name__.removesuffix("Type").lower()
+
+
+def _bounds(info: Any) -> str:
+    low = (info.ge, "[", ">=") if info.ge is not None else (info.gt, "(", ">") if info.gt is not None else None
+    high = (info.le, "]", "<=") if info.le is not None else (info.lt, ")", "<") if info.lt is not None else None
+    if low and high:
+        if isinstance(info, msgspec.inspect.IntType) and low[1] == "[" and high[1] == "]":
+            return f" in {low[0]}..{high[0]}"
+        return f" in {low[1]}{low[0]}, {high[0]}{high[1]}"
+    bound = low or high
+    return f" {bound[2]} {bound[0]}" if bound else ""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

@@ -1,0 +1,25 @@
+"""Talker-side grouping of frames into connector chunks: a small first chunk for a fast first packet, then
+`codec_chunk_frames`; the remainder is flushed when the request ends."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class FrameChunker:
+    def __init__(self, initial_chunk_frames: int, chunk_frames: int) -> None:
+        self.initial, self.size = initial_chunk_frames, chunk_frames
+        self.frames: list[np.ndarray] = []
+        self.num_chunks = 0
+
+    def add(self, frame: np.ndarray | None, finished: bool) -> np.ndarray | None:
+        """Add one [16] frame (None when the request ends without one); returns a [F, 16] chunk when one is due.
+        At the end the remainder is returned, possibly with F = 0 (a bare end marker)."""
+        if frame is not None:
+            self.frames.append(frame)
+        target = self.initial if self.num_chunks == 0 else self.size
+        if not finished and len(self.frames) < target:
+            return None
+        chunk = np.stack(self.frames).astype(np.int32) if self.frames else np.zeros((0, 16), np.int32)
+        self.frames = []
+        self.num_chunks += 1
+        return chunk

@@ -1,0 +1,90 @@
+"""Talker engine (continuous batching) + chunker + code2wav engine, in one process: equal to offline synthesize."""
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, GOLDEN_CASES, case_requests
+from omni_tts.engine.chunker import FrameChunker
+from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
+from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+_models = {}
+
+
+def model(variant):
+    if variant not in _models:
+        _models[variant] = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
+    return _models[variant]
+
+
+def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget=512, stagger=0, abort_after=None):
+    """Drive both engines step by step; request i joins at step i*stagger. Returns {rid: (codes, audio, reason)}."""
+    talker = TalkerEngine(tts.talker, tts.config, max_batch, 1024, prefill_budget, 512)
+    code2wav = Code2WavEngine(tts.decoder, max_batch)
+    prepared = [tts.prepare(r) for r in requests]
+    frames, audio, reasons, chunkers = {}, {}, {}, {}
+    pending = list(enumerate(prepared))
+    step = 0
+    while pending or talker.has_work() or code2wav.has_work():
+        while pending and pending[0][0] * stagger <= step:
+            i, p = pending.pop(0)
+            rid = f"r{i}"
+            talker.add_request(TalkerRequest(rid, p.prefill, p.trailing, p.sampling, p.max_tokens))
+            code2wav.add_request(rid)
+            frames[rid], audio[rid], chunkers[rid] = [], [], FrameChunker(initial, chunk)
+            if p.prompt.ref_codes is not None:
+                code2wav.add_chunk(rid, CodecChunk(p.prompt.ref_codes.numpy(), is_context=True))
+        if abort_after and step in abort_after:
+            for rid in abort_after[step]:
+                talker.abort(rid)
+                code2wav.abort(rid)
+                reasons[rid] = "abort"
+        for out in talker.step():
+            if out.frame is not None:
+                frames[out.request_id].append(out.frame)
+            chunk_codes = chunkers[out.request_id].add(out.frame, out.finished)
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+            if chunk_codes is not None:
+                code2wav.add_chunk(out.request_id, CodecChunk(chunk_codes, is_last=out.finished))
+        for out in code2wav.step():
+            audio[out.request_id].append(out.audio)
+        step += 1
+    return {rid: (np.array(frames[rid]).reshape(-1, 16), np.concatenate(audio[rid]) if audio[rid] else np.zeros(0),
+                  reasons.get(rid)) for rid in frames}, talker, code2wav
+
+
+@pytest.mark.parametrize("initial", [1, 2, 25])
+@pytest.mark.parametrize("variant", ["tiny-custom-voice", "tiny-voice-design", "tiny-base"])
+def test_engines_equal_offline(variant, initial):
+    tts = model(variant)
+    cases = [c for c in GOLDEN_CASES if c["variant"] == variant]
+    requests = [r for c in cases for r in case_requests(c)][:6]
+    offline = tts.synthesize(requests)
+    out, talker, code2wav = run_pipeline(tts, requests, initial=initial, stagger=3)
+    for i, expected in enumerate(offline):
+        codes, audio, reason = out[f"r{i}"]
+        np.testing.assert_array_equal(codes, expected.codes)
+        assert reason == expected.finish_reason
+        assert audio.shape == expected.audio.shape
+        np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
+    assert talker.stats().num_running == 0 and code2wav.num_requests == 0
+
+
+def test_small_batch_limit_queues_and_aborts_free_rows():
+    tts = model("tiny-custom-voice")
+    requests = [SynthesisRequest(text=f"Request number {i} says hello.", voice=v, sampling=SamplingParams(
+        temperature=0.9 if i % 2 else 0, seed=i, max_new_tokens=30)) for i, v in
+        enumerate(["ryan", "vivian", "serena", "aiden", "sohee", "eric"])]
+    offline = [tts.synthesize([r])[0] for r in requests]
+    out, talker, code2wav = run_pipeline(tts, requests, max_batch=2, prefill_budget=1, abort_after={4: ["r3"]})
+    for i, expected in enumerate(offline):
+        codes, audio, reason = out[f"r{i}"]
+        if i == 3:
+            assert reason == "abort"
+            continue
+        np.testing.assert_array_equal(codes, expected.codes)
+        np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
+    assert talker.stats().num_running == 0 and code2wav.num_requests == 0
