@@ -17,7 +17,7 @@ from torch import nn
 from .audio import load_audio, resample_to
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
 from .generation import TOKEN_CAP_FLOOR, generate_codes, token_limit
-from .prompt import PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
+from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
 from .sampling import ResolvedSampling, resolve_sampling
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
 from .speech_decoder import SpeechDecoder
@@ -47,6 +47,15 @@ class PreparedRequest:
     trailing: torch.Tensor    # [T, H]
     sampling: ResolvedSampling
     max_tokens: int
+
+
+def reference_audio_24k(ref_audio: AudioInput) -> np.ndarray:
+    """A path, file bytes or (samples, rate) → float32 mono at 24 kHz; RequestError('ref_audio') if unreadable."""
+    try:
+        wav, sr = ref_audio if isinstance(ref_audio, tuple) else load_audio(ref_audio)
+        return resample_to(np.asarray(wav, dtype=np.float32), sr, SAMPLE_RATE)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise RequestError("ref_audio", f"could not read ref_audio: {e}") from None
 
 
 class Qwen3TTSWeights(nn.Module):
@@ -119,15 +128,11 @@ class Qwen3TTS:
         return self.prompts.tokenize(request)
 
     @torch.no_grad()
-    def add_voice_features(self, prompt: TalkerPrompt, request: SynthesisRequest) -> None:
-        """Base: x-vector (and, for ICL, the reference codes) from the request's reference audio."""
+    def add_voice_features(self, prompt: TalkerPrompt, ref_audio: AudioInput | None) -> None:
+        """Base: x-vector (and, for ICL, the reference codes) from the reference audio."""
         if self.model_type != "base":
             return
-        try:
-            wav, sr = request.ref_audio if isinstance(request.ref_audio, tuple) else load_audio(request.ref_audio)
-            wav = resample_to(np.asarray(wav, dtype=np.float32), sr, SAMPLE_RATE)
-        except (ValueError, OSError, RuntimeError) as e:
-            raise RequestError("ref_audio", f"could not read ref_audio: {e}") from None
+        wav = reference_audio_24k(ref_audio)
         prompt.speaker_embedding = extract_speaker_embedding(self.speaker_encoder, wav)
         if prompt.ref_text_ids is not None:
             prompt.ref_codes = self.speech_encoder.encode(wav)
@@ -138,7 +143,7 @@ class Qwen3TTS:
             sampling = resolve_sampling(request.sampling, self.generation_config)
         except ValueError as e:
             raise RequestError(str(e).split(" ", 1)[0], str(e)) from None
-        self.add_voice_features(prompt, request)
+        self.add_voice_features(prompt, request.ref_audio)
         prefill, trailing = embed_prompt(self.talker, self.config, prompt)
         limit = token_limit(sampling.max_new_tokens, len(prompt.text_ids), self.token_cap_floor)
         return PreparedRequest(prompt, prefill, trailing, sampling, limit)

@@ -1,0 +1,72 @@
+"""Stage 1 process: chunks from the shared-memory ring → batched streaming decode → audio to the orchestrator."""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from omni_tts.connectors.shm_ring import ChunkReader
+from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+
+from .common import StageIO, run_stage
+from .protocol import Abort, AudioChunk, GetStats, Ready, Register, Shutdown, StageLaunch, StageStats
+
+_RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
+
+
+class Code2WavStage:
+    def __init__(self, launch: StageLaunch) -> None:
+        tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype), with_talker=False)
+        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size)
+        self.condition = threading.Condition()
+        self.reader = ChunkReader(launch.ring, condition=self.condition)  # ring arrivals wake the same loop
+        self.io = StageIO(launch, self.condition)
+        self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.step_seconds = 0.0
+
+    def run(self) -> None:
+        self.reader.start()
+        self.io.send(Ready("code2wav", os.getpid()))
+        while True:
+            with self.condition:
+                self.condition.wait_for(lambda: self.io.inbox or self.reader.stats().queued or self.engine.has_work())
+            for message in self.io.take_commands():
+                if isinstance(message, Shutdown):
+                    self.reader.close()
+                    self.io.close()
+                    return
+                self._handle(message)
+            for chunk in self.reader.get_all_nowait():
+                rid = chunk.request_id
+                if rid not in self.aborted:
+                    self.engine.add_request(rid)  # normally pre-registered already; a no-op then
+                    self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
+                self.reader.release(chunk)
+            if self.engine.has_work():
+                started = time.perf_counter()
+                outputs = self.engine.step()
+                self.step_seconds += time.perf_counter() - started
+                for out in outputs:
+                    self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
+
+    def _handle(self, message: object) -> None:
+        if isinstance(message, Register):
+            self.aborted.pop(message.request_id, None)
+            self.engine.add_request(message.request_id)
+        elif isinstance(message, Abort):
+            self.engine.abort(message.request_id)
+            self.aborted[message.request_id] = None
+            while len(self.aborted) > _RECENTLY_ABORTED:
+                self.aborted.popitem(last=False)
+        elif isinstance(message, GetStats):
+            self.io.send(StageStats("code2wav", list(self.engine.states), self.engine.num_steps, time.process_time(),
+                                    self.step_seconds))
+
+
+def main(launch_bytes: bytes) -> None:
+    run_stage(launch_bytes, lambda launch: Code2WavStage(launch).run())

@@ -1,0 +1,111 @@
+"""Messages between the orchestrator and the stage processes (pyzmq frames, msgspec msgpack), defined once."""
+from __future__ import annotations
+
+import msgspec
+
+from omni_tts.connectors.shm_ring import RingSpec
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """ResolvedSampling on the wire."""
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    subtalker_temperature: float
+    subtalker_top_k: int
+    subtalker_top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+# --- orchestrator → stages -------------------------------------------------------------------------------------
+class AddRequest(msgspec.Struct, tag=True):
+    """Stage 0: a tokenized, validated request; the stage adds voice features and embeds it."""
+    request_id: str
+    role_ids: list[int]
+    text_ids: list[int]
+    instruct_ids: list[int]
+    language_id: int | None
+    speaker_id: int | None
+    non_streaming: bool
+    ref_text_ids: list[int] | None
+    ref_audio: bytes | None          # Base: float32 mono samples at 24 kHz
+    sampling: Sampling
+    max_tokens: int
+    initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
+
+
+class Register(msgspec.Struct, tag=True):
+    """Stage 1: allocate the request's decoder state before its first chunk."""
+    request_id: str
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class GetStats(msgspec.Struct, tag=True):
+    pass
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+StageCommand = AddRequest | Register | Abort | GetStats | Shutdown
+
+
+# --- stages → orchestrator -------------------------------------------------------------------------------------
+class Ready(msgspec.Struct, tag=True):
+    stage: str
+    pid: int
+
+
+class TalkerDone(msgspec.Struct, tag=True):
+    """Stage 0 finished a request: its frame count and why, or the error that stopped it."""
+    request_id: str
+    num_frames: int
+    finish_reason: str
+    num_prompt_rows: int = 0
+    error: str | None = None
+
+
+class AudioChunk(msgspec.Struct, tag=True):
+    request_id: str
+    pcm: bytes                       # float32 samples at 24 kHz
+    finished: bool
+
+
+class StageStats(msgspec.Struct, tag=True):
+    stage: str
+    request_ids: list[str]
+    num_steps: int
+    cpu_seconds: float
+    step_seconds: float              # total time inside engine steps
+
+
+class StageFailed(msgspec.Struct, tag=True):
+    stage: str
+    error: str
+
+
+StageEvent = Ready | TalkerDone | AudioChunk | StageStats | StageFailed
+
+
+class StageLaunch(msgspec.Struct):
+    """Everything a stage process needs; passed as msgpack bytes to the spawned process."""
+    stage: str                       # "talker" | "code2wav"
+    model_dir: str
+    device: str
+    dtype: str
+    max_batch_size: int
+    command_address: str             # the stage binds a PULL here
+    event_address: str               # the orchestrator's PULL; the stage connects a PUSH
+    ring: RingSpec
+    initial_chunk_frames: int = 2
+    chunk_frames: int = 25
+    max_model_len: int = 2048
+    max_prefill_tokens_per_step: int = 512
+    max_text_tokens: int = 1024
+    threads: int = 0                 # torch CPU threads (0 = torch default)

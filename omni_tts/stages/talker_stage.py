@@ -1,0 +1,112 @@
+"""Stage 0 process: control messages → talker engine steps → frame chunks into the shared-memory ring."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from omni_tts.connectors.shm_ring import ChunkWriter
+from omni_tts.engine.chunker import FrameChunker
+from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt
+from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
+
+from .common import StageIO, run_stage
+from .protocol import Abort, AddRequest, GetStats, Ready, Shutdown, StageLaunch, StageStats, TalkerDone
+
+
+class TalkerStage:
+    def __init__(self, launch: StageLaunch) -> None:
+        self.launch = launch
+        self.tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype),
+                            with_decoder=False)
+        self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, launch.max_model_len,
+                                   launch.max_prefill_tokens_per_step, launch.max_text_tokens)
+        self.writer = ChunkWriter(launch.ring)
+        self.condition = threading.Condition()
+        self.io = StageIO(launch, self.condition)
+        self.chunkers: dict[str, FrameChunker] = {}
+        self.seq: dict[str, int] = {}
+        self.prompt_rows: dict[str, int] = {}
+        self.num_frames: dict[str, int] = {}
+        self.step_seconds = 0.0
+
+    def run(self) -> None:
+        self.writer.start()
+        self.io.send(Ready("talker", os.getpid()))
+        while True:
+            with self.condition:
+                self.condition.wait_for(lambda: self.io.inbox or self.engine.has_work())
+            for message in self.io.take_commands():
+                if isinstance(message, Shutdown):
+                    self.writer.close()
+                    self.io.close()
+                    return
+                self._handle(message)
+            if self.engine.has_work():
+                started = time.perf_counter()
+                outputs = self.engine.step()
+                self.step_seconds += time.perf_counter() - started
+                for out in outputs:
+                    self._emit(out.request_id, out.frame, out.finished, out.finish_reason)
+
+    def _handle(self, message: object) -> None:
+        if isinstance(message, AddRequest):
+            try:
+                self._add(message)
+            except Exception as e:  # a bad request fails alone, the stage keeps serving
+                self.io.send(TalkerDone(message.request_id, 0, "error", error=f"{type(e).__name__}: {e}"))
+        elif isinstance(message, Abort):
+            self.engine.abort(message.request_id)
+            self._forget(message.request_id)
+        elif isinstance(message, GetStats):
+            stats = self.engine.stats()
+            self.io.send(StageStats("talker", stats.request_ids, stats.steps, time.process_time(), self.step_seconds))
+
+    @torch.inference_mode()
+    def _add(self, m: AddRequest) -> None:
+        prompt = TalkerPrompt(role_ids=m.role_ids, text_ids=m.text_ids, instruct_ids=m.instruct_ids,
+                              language_id=m.language_id, speaker_id=m.speaker_id, non_streaming=m.non_streaming,
+                              ref_text_ids=m.ref_text_ids)
+        if m.ref_audio is not None:
+            self.tts.add_voice_features(prompt, (np.frombuffer(m.ref_audio, dtype=np.float32).copy(), 24000))
+        prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt)
+        sampling = ResolvedSampling(**{f: getattr(m.sampling, f) for f in m.sampling.__struct_fields__})
+        self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, sampling, m.max_tokens))
+        initial = m.initial_chunk_frames or self.launch.initial_chunk_frames
+        self.chunkers[m.request_id] = FrameChunker(min(initial, self.launch.ring.max_frames), self.launch.chunk_frames)
+        self.seq[m.request_id] = 0
+        self.prompt_rows[m.request_id] = prefill.shape[0]
+        self.num_frames[m.request_id] = 0
+        if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
+            codes = prompt.ref_codes.numpy()
+            for start in range(0, codes.shape[0], self.launch.ring.max_frames):
+                self._put(m.request_id, codes[start:start + self.launch.ring.max_frames], False, True)
+
+    def _put(self, request_id: str, codes: np.ndarray, is_last: bool, is_context: bool = False) -> None:
+        self.writer.put(request_id, self.seq[request_id], codes, is_last, is_context)
+        self.seq[request_id] += 1
+
+    def _emit(self, request_id: str, frame: np.ndarray | None, finished: bool, reason: str | None) -> None:
+        chunk = self.chunkers[request_id].add(frame, finished)
+        if chunk is not None:
+            self._put(request_id, chunk, finished)
+        if frame is not None:
+            self.num_frames[request_id] += 1
+        if finished:
+            self.io.send(TalkerDone(request_id, self.num_frames[request_id], reason, self.prompt_rows[request_id]))
+            self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.chunkers.pop(request_id, None)
+        self.seq.pop(request_id, None)
+        self.prompt_rows.pop(request_id, None)
+        self.num_frames.pop(request_id, None)
+
+
+def main(launch_bytes: bytes) -> None:
+    run_stage(launch_bytes, lambda launch: TalkerStage(launch).run())

@@ -1,0 +1,295 @@
+"""Shared-memory chunk connector across real (spawned) processes and real /dev/shm."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgspec
+import numpy as np
+import pytest
+
+from omni_tts.connectors import ChunkReader, ChunkWriter, RingOwner, RingSpec, cleanup_stale_segments
+
+CTX = mp.get_context("spawn")
+NUM_CODEBOOKS = 16
+WAIT_S = 20.0  # generous bound for any cross-process hand-off; tests normally take far less
+
+
+def own_segments(pid: int | None = None) -> list[str]:
+    prefix = f"omni_tts_{pid or os.getpid()}_"
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+def traffic(seed: int, num_requests: int = 8) -> list[tuple[str, int, np.ndarray, bool, bool]]:
+    """Interleaved chunks of `num_requests` requests: random F in 1..25, random codes; a
+    context chunk first for some requests and a bare (F = 0) end marker for others."""
+    rng = np.random.default_rng(seed)
+    per_request: dict[str, list] = {}
+    for r in range(num_requests):
+        rid = f"req-{r}-é"  # non-ASCII: ids travel as UTF-8
+        n = int(rng.integers(3, 10))
+        chunks = [(rid, seq, rng.integers(-5, 2200, size=(int(rng.integers(1, 26)), NUM_CODEBOOKS)), False, False)
+                  for seq in range(n)]
+        if r % 3 == 0:
+            rid_, seq, codes, _, _ = chunks[0]
+            chunks[0] = (rid_, seq, codes, False, True)
+        if r % 4 == 1:
+            chunks.append((rid, n, np.zeros((0, NUM_CODEBOOKS), np.int64), True, False))
+        else:
+            rid_, seq, codes, _, ctx = chunks[-1]
+            chunks[-1] = (rid_, seq, codes, True, ctx)
+        per_request[rid] = chunks
+    order = []
+    while any(per_request.values()):  # random interleaving, each request's chunks in seq order
+        live = [rid for rid, cs in per_request.items() if cs]
+        order.append(per_request[live[int(rng.integers(len(live)))]].pop(0))
+    return order
+
+
+def digest(rid: str, seq: int, codes: np.ndarray, is_last: bool, is_context: bool) -> tuple:
+    codes = np.ascontiguousarray(codes, dtype=np.int32)
+    return rid, seq, codes.shape, is_last, is_context, hashlib.sha1(codes.tobytes()).hexdigest()
+
+
+def cpu_seconds() -> float:
+    """This process's user+system CPU time (all threads, incl. zmq's io thread)."""
+    return time.process_time()
+
+
+# ------------------------------------------------------------------ child process bodies
+
+
+def writer_main(spec: RingSpec, seed: int, results: mp.Queue) -> None:
+    with ChunkWriter(spec) as writer:
+        for chunk in traffic(seed):
+            writer.put(*chunk)
+        assert writer.flush(WAIT_S)
+        results.put(("writer", writer.stats()))
+
+
+def reader_main(spec: RingSpec, num_requests: int, results: mp.Queue) -> None:
+    """Reads until every request's last chunk arrived; reports digests in arrival order."""
+    rng = np.random.default_rng(1)
+    got, done = [], set()
+    with ChunkReader(spec) as reader:
+        while len(done) < num_requests:
+            batch = reader.get_all_nowait() or [reader.get(WAIT_S)]
+            for chunk in batch:
+                assert chunk is not None, "timed out waiting for a chunk"
+                assert not chunk.codes.flags.writeable
+                got.append(digest(chunk.request_id, chunk.seq, chunk.codes, chunk.is_last, chunk.is_context))
+                if chunk.is_last:
+                    done.add(chunk.request_id)
+                if rng.random() < 0.2:
+                    time.sleep(0.002)  # a slow consumer now and then: exercises slot reuse
+                reader.release(chunk)
+        assert reader.get(0.2) is None, "chunks after every request finished"
+    results.put(("reader", got))
+
+
+def holding_reader_main(spec: RingSpec, expected: int, release_now: mp.Event, results: mp.Queue) -> None:
+    """Takes every slot and holds it until `release_now`; then reads the rest normally."""
+    with ChunkReader(spec) as reader:
+        held = [reader.get(WAIT_S) for _ in range(spec.num_slots)]
+        assert all(c is not None for c in held)
+        extra = reader.get(0.3)  # the writer must not reuse a slot we hold
+        results.put(("holding", len(held), extra is None))
+        assert release_now.wait(WAIT_S)
+        got = [digest(c.request_id, c.seq, c.codes, c.is_last, c.is_context) for c in held]
+        for c in held:
+            reader.release(c)
+        while len(got) < expected:
+            c = reader.get(WAIT_S)
+            assert c is not None
+            got.append(digest(c.request_id, c.seq, c.codes, c.is_last, c.is_context))
+            reader.release(c)
+    results.put(("reader", got))
+
+
+def idle_main(role: str, spec: RingSpec, go_idle: mp.Event, results: mp.Queue) -> None:
+    """Exchanges a few chunks, then reports CPU used over ~1 s of idleness."""
+    if role == "writer":
+        with ChunkWriter(spec) as writer:
+            for seq in range(5):
+                writer.put("r", seq, np.ones((2, NUM_CODEBOOKS), np.int32), is_last=seq == 4)
+            assert writer.flush(WAIT_S)
+            assert go_idle.wait(WAIT_S)
+            cpu0, wall0 = cpu_seconds(), time.monotonic()
+            time.sleep(1.0)  # engine idle; the save/release threads are blocked
+            results.put((role, (cpu_seconds() - cpu0) / (time.monotonic() - wall0)))
+    else:
+        with ChunkReader(spec) as reader:
+            for _ in range(5):
+                reader.release(reader.get(WAIT_S))
+            go_idle.set()
+            cpu0, wall0 = cpu_seconds(), time.monotonic()
+            assert reader.get(timeout=1.0) is None  # the consumer blocked in get(), as in the engine loop
+            results.put((role, (cpu_seconds() - cpu0) / (time.monotonic() - wall0)))
+
+
+def noop() -> None:
+    pass
+
+
+# ------------------------------------------------------------------ fixtures / helpers
+
+
+@pytest.fixture
+def procs():
+    started: list[mp.Process] = []
+
+    def spawn(target, *args) -> mp.Process:
+        p = CTX.Process(target=target, args=args, daemon=True)
+        p.start()
+        started.append(p)
+        return p
+
+    yield spawn
+    for p in started:
+        if p.is_alive():
+            p.kill()
+        p.join(5)
+
+
+def collect(results: mp.Queue, n: int) -> dict:
+    out = {}
+    for _ in range(n):
+        item = results.get(timeout=WAIT_S)
+        out[item[0]] = item[1:] if len(item) > 2 else item[1]
+    return out
+
+
+def assert_exited_ok(*ps: mp.Process) -> None:
+    for p in ps:
+        p.join(WAIT_S)
+        assert p.exitcode == 0, f"{p.name} exit code {p.exitcode}"
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_interleaved_requests_arrive_intact_and_in_order(procs):
+    seed = 1234
+    with RingOwner.create(num_slots=8, max_frames=25, edge="t1") as owner:
+        results = CTX.Queue()
+        # The writer starts first: notifications queue until the reader binds.
+        w = procs(writer_main, owner.spec, seed, results)
+        r = procs(reader_main, owner.spec, 8, results)
+        out = collect(results, 2)
+        assert_exited_ok(w, r)
+    sent = [digest(*c) for c in traffic(seed)]
+    got = out["reader"]
+    assert len(got) == len(sent) and sorted(got) == sorted(sent)  # none lost, none duplicated, all equal
+    for rid in {d[0] for d in sent}:  # per request: exactly the sent sequence, in order
+        assert [d for d in got if d[0] == rid] == [d for d in sent if d[0] == rid]
+    stats = out["writer"]
+    assert stats.chunks_written == len(sent) and stats.pending == 0
+
+
+def test_back_pressure_never_blocks_put_and_loses_nothing(procs):
+    n = 20
+    chunks = [(f"bp-{i % 3}", i // 3, np.full((1 + i % 25, NUM_CODEBOOKS), i), i >= n - 3, False) for i in range(n)]
+    with RingOwner.create(num_slots=4, max_frames=25, edge="t2") as owner, ChunkWriter(owner.spec) as writer:
+        put_times = []
+        for c in chunks:  # all puts happen before the reader even exists
+            t0 = time.perf_counter()
+            writer.put(*c)
+            put_times.append(time.perf_counter() - t0)
+        assert max(put_times) < 0.05, "put() must not block the engine"
+
+        results, release_now = CTX.Queue(), CTX.Event()
+        r = procs(holding_reader_main, owner.spec, n, release_now, results)
+        holding = results.get(timeout=WAIT_S)
+        assert holding == ("holding", 4, True)  # 4 slots taken, no 5th chunk while they are held
+        stats = writer.stats()
+        assert (stats.chunks_written, stats.slots_in_use, stats.pending) == (4, 4, n - 4)
+        assert stats.slot_stalls >= 1 and stats.max_queued == n
+        t0 = time.perf_counter()
+        writer.put("late", 0, np.zeros((1, NUM_CODEBOOKS), np.int32), is_last=True)  # still non-blocking
+        assert time.perf_counter() - t0 < 0.05
+        chunks.append(("late", 0, np.zeros((1, NUM_CODEBOOKS), np.int32), True, False))
+
+        release_now.set()
+        # reader_main stops after `n`; read the late one's delivery from the writer's side.
+        assert writer.flush(WAIT_S)
+        got = collect(results, 1)["reader"]
+        assert_exited_ok(r)
+    assert got == [digest(*c) for c in chunks[:n]]
+    assert writer.stats().chunks_written == n + 1
+
+
+def test_shutdown_leaves_no_segments_and_stale_cleanup(procs, tmp_path):
+    owner = RingOwner.create(num_slots=2, max_frames=4, edge="t3")
+    ipc_dir = os.path.dirname(owner.spec.notify_address[len("ipc://"):])
+    try:
+        assert os.path.isdir(ipc_dir) and owner.spec.name in own_segments()
+        # A stage attaches and closes: it must not unlink (only the owner does).
+        reader = ChunkReader(owner.spec)
+        reader.start()
+        reader.close()
+        reader.close()
+        assert owner.spec.name in own_segments()
+        # Same from an unrelated process with its own resource tracker (stage started by
+        # subprocess, not multiprocessing): on 3.11/3.12 a tracked attach would unlink on exit.
+        code = ("import sys, msgspec; from omni_tts.connectors import ChunkWriter, RingSpec; "
+                "w = ChunkWriter(msgspec.json.decode(sys.argv[1], type=RingSpec)); w.start(); w.close()")
+        proc = subprocess.run([sys.executable, "-c", code, msgspec.json.encode(owner.spec).decode()],
+                              capture_output=True, text=True, timeout=WAIT_S)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert owner.spec.name in own_segments()
+    finally:
+        owner.close()
+    owner.close()  # idempotent
+    assert own_segments() == [] and not os.path.exists(ipc_dir)
+
+    dead = procs(noop)
+    dead.join(WAIT_S)
+    dead_seg, live_seg = f"omni_tts_{dead.pid}_stale_test", f"omni_tts_{os.getpid()}_live_test"
+    dead_dir = tmp_path / f"omni_tts_{dead.pid}_ipc"
+    for name in (dead_seg, live_seg):
+        os.close(os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600))
+    dead_dir.mkdir()
+    try:
+        removed = cleanup_stale_segments(ipc_root=str(tmp_path))
+        assert f"/dev/shm/{dead_seg}" in removed and str(dead_dir) in removed
+        assert not os.path.exists(f"/dev/shm/{dead_seg}") and not dead_dir.exists()
+        assert os.path.exists(f"/dev/shm/{live_seg}")
+    finally:
+        for name in (dead_seg, live_seg):
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")
+
+
+def test_sigkilled_reader_does_not_hang_writer_close(procs):
+    with RingOwner.create(num_slots=4, max_frames=25, edge="t4") as owner:
+        writer = ChunkWriter(owner.spec)
+        writer.start()
+        for seq in range(10):
+            writer.put("k", seq, np.ones((3, NUM_CODEBOOKS), np.int32), is_last=seq == 9)
+        results, release_now = CTX.Queue(), CTX.Event()
+        r = procs(holding_reader_main, owner.spec, 10, release_now, results)
+        assert results.get(timeout=WAIT_S)[0] == "holding"  # the reader holds every slot
+        os.kill(r.pid, signal.SIGKILL)
+        r.join(WAIT_S)
+        writer.put("k2", 0, np.ones((1, NUM_CODEBOOKS), np.int32), is_last=True)  # save thread stuck on slots
+        t0 = time.perf_counter()
+        writer.close()
+        assert time.perf_counter() - t0 < 1.0
+        assert all(not t.is_alive() for t in writer._threads)
+        writer.close()
+
+
+def test_idle_cpu_is_near_zero(procs):
+    with RingOwner.create(num_slots=4, max_frames=25, edge="t5") as owner:
+        results, go_idle = CTX.Queue(), CTX.Event()
+        w = procs(idle_main, "writer", owner.spec, go_idle, results)
+        r = procs(idle_main, "reader", owner.spec, go_idle, results)
+        out = collect(results, 2)
+        assert_exited_ok(w, r)
+    assert out["writer"] < 0.05 and out["reader"] < 0.05, out
