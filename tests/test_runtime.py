@@ -1,0 +1,156 @@
+"""The two-stage runtime with real processes, real shared memory and real sockets (issue: streaming runtime)."""
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, GOLDEN_CASES, case_requests
+from omni_tts.config import load_stage_config
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine, StageDeadError
+
+VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
+TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
+         "Numbers like 42 and 2026 are read aloud.", "混合 mixed 文本 text."]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def collect(engine, request, **kwargs):
+    chunks = [c async for c in engine.generate(request, **kwargs)]
+    return np.concatenate([c.audio for c in chunks]), chunks[-1].usage, chunks
+
+
+def our_segments():
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{os.getpid()}_")]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def many_requests(n, max_new_tokens=40):
+    return [SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice=VOICES[i % len(VOICES)], language="auto",
+                             sampling=SamplingParams(temperature=0 if i % 3 else 0.8, seed=i,
+                                                     max_new_tokens=max_new_tokens - (i % 5) * 6))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("variant", ["tiny-custom-voice", "tiny-voice-design", "tiny-base"])
+def test_streamed_equals_offline_for_first_chunk_sizes(variant):
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
+    requests = [r for c in GOLDEN_CASES if c["variant"] == variant for r in case_requests(c)][:3]
+    offline = [tts.synthesize([r])[0] for r in requests]
+
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / variant), load_stage_config("cpu_tiny"), torch_threads=1) as engine:
+            for initial in (1, 2, 25):
+                results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
+                for (audio, usage, chunks), expected in zip(results, offline):
+                    assert audio.shape == expected.audio.shape
+                    np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
+                    assert usage.output_frames == expected.codes.shape[0]
+                    assert usage.finish_reason == expected.finish_reason
+                    assert chunks[0].audio.shape[0] == min(initial, expected.codes.shape[0]) * 1920
+    run(main())
+
+
+def test_24_concurrent_requests_each_get_their_own_audio():
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    requests = many_requests(24)
+    offline = [tts.synthesize([r])[0] for r in requests]
+
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                                  torch_threads=1) as engine:
+            results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}", output_dtype="int16")
+                                             for i, r in enumerate(requests)))
+            for (audio, usage, _), expected in zip(results, offline):
+                assert audio.dtype == np.int16 and audio.shape == expected.audio.shape
+                reference = np.round(np.clip(expected.audio, -1, 1) * 32767)
+                assert np.abs(audio.astype(np.int32) - reference).max() <= 1
+                assert usage.output_frames == expected.codes.shape[0]
+            stats = await engine.stats()
+            assert stats["talker"].request_ids == [] and stats["code2wav"].request_ids == []
+    run(main())
+
+
+def test_cancelled_requests_are_freed_in_both_stages():
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    requests = many_requests(20, max_new_tokens=60)
+    offline = [tts.synthesize([r])[0] for r in requests]
+    cancelled = {1, 4, 8, 13, 17}
+
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                                  torch_threads=1) as engine:
+            tasks = [asyncio.create_task(collect(engine, r, request_id=f"req-{i}")) for i, r in enumerate(requests)]
+            await asyncio.sleep(0.5)
+            for i in cancelled:
+                tasks[i].cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert sum(isinstance(r, asyncio.CancelledError) for r in results) >= 3
+            for i, (result, expected) in enumerate(zip(results, offline)):
+                if i in cancelled:
+                    assert isinstance(result, asyncio.CancelledError) or isinstance(result, tuple)
+                    continue
+                np.testing.assert_allclose(result[0], expected.audio, atol=1e-5, rtol=0)
+            stats = await engine.stats()
+            for stage in ("talker", "code2wav"):
+                assert stats[stage].request_ids == [], (stage, stats[stage].request_ids)
+    run(main())
+
+
+def test_killed_code2wav_fails_in_flight_requests_fast_and_shuts_down_clean():
+    async def main():
+        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), torch_threads=1)
+        await engine.start()
+        pids = engine.stage_pids()
+        assert our_segments() and engine.is_healthy
+        tasks = [asyncio.create_task(collect(engine, r)) for r in many_requests(8, max_new_tokens=150)]
+        await asyncio.sleep(0.3)
+        killed_at = time.monotonic()
+        os.kill(pids["code2wav"], signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        elapsed = time.monotonic() - killed_at
+        assert elapsed < 2.0, elapsed
+        failed = [r for r in results if isinstance(r, StageDeadError)]
+        assert failed and all(isinstance(r, (StageDeadError, tuple)) for r in results), results
+        assert not engine.is_healthy and engine.dead == "code2wav"
+        with pytest.raises(StageDeadError):
+            await collect(engine, many_requests(1)[0])
+        await engine.shutdown()
+        assert not any(alive(pid) for pid in pids.values())
+        assert our_segments() == []
+    run(main())
+
+
+def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu():
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                                  torch_threads=1) as engine:
+            with pytest.raises(RequestError, match="unknown voice"):
+                await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
+            with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
+                await collect(engine, many_requests(1)[0], initial_chunk_frames=0)
+            audio, usage, _ = await collect(engine, many_requests(1)[0])
+            assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
+            before = await engine.stats()
+            await asyncio.sleep(2.0)
+            after = await engine.stats()
+            for stage in ("talker", "code2wav"):
+                busy = (after[stage].cpu_seconds - before[stage].cpu_seconds) / 2.0
+                print(f"idle CPU {stage}: {busy * 100:.2f}%")
+                assert busy < 0.05, (stage, busy)
+    run(main())
