@@ -36,7 +36,7 @@ from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, Synthe
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
 from omni_tts.stages import code2wav_stage, talker_stage
-from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Ready, Register, Sampling, Shutdown,
+from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Ready, Register, Shutdown,
                                       StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
 logger = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class AsyncTTSEngine:
                 request_id=rid, role_ids=prompt.role_ids, text_ids=prompt.text_ids, instruct_ids=prompt.instruct_ids,
                 language_id=prompt.language_id, speaker_id=prompt.speaker_id, non_streaming=prompt.non_streaming,
                 ref_text_ids=prompt.ref_text_ids, ref_audio=ref_audio,
-                sampling=Sampling(**{f: getattr(sampling, f) for f in Sampling.__struct_fields__}),
+                sampling=sampling,
                 max_tokens=token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
                 initial_chunk_frames=initial_chunk_frames)))
             while True:

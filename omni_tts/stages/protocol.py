@@ -4,19 +4,7 @@ from __future__ import annotations
 import msgspec
 
 from omni_tts.connectors.shm_ring import RingSpec
-
-
-class Sampling(msgspec.Struct, frozen=True):
-    """ResolvedSampling on the wire."""
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
-    subtalker_temperature: float
-    subtalker_top_k: int
-    subtalker_top_p: float
-    max_new_tokens: int
-    seed: int
+from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 
 # --- orchestrator → stages -------------------------------------------------------------------------------------
@@ -31,7 +19,7 @@ class AddRequest(msgspec.Struct, tag=True):
     non_streaming: bool
     ref_text_ids: list[int] | None
     ref_audio: bytes | None          # Base: float32 mono samples at 24 kHz
-    sampling: Sampling
+    sampling: ResolvedSampling       # a dataclass: msgspec encodes and decodes it as is
     max_tokens: int
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
 

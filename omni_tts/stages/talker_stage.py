@@ -13,7 +13,6 @@ from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt
-from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 from .common import StageIO, run_stage
 from .protocol import Abort, AddRequest, GetStats, Ready, Shutdown, StageLaunch, StageStats, TalkerDone
@@ -75,8 +74,7 @@ class TalkerStage:
         if m.ref_audio is not None:
             self.tts.add_voice_features(prompt, (np.frombuffer(m.ref_audio, dtype=np.float32).copy(), 24000))
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt)
-        sampling = ResolvedSampling(**{f: getattr(m.sampling, f) for f in m.sampling.__struct_fields__})
-        self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, sampling, m.max_tokens))
+        self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, m.max_tokens))
         initial = m.initial_chunk_frames or self.launch.initial_chunk_frames
         self.chunkers[m.request_id] = FrameChunker(min(initial, self.launch.ring.max_frames), self.launch.chunk_frames)
         self.seq[m.request_id] = 0
