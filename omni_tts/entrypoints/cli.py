@@ -47,6 +47,50 @@ def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
                    help="dtype of model.safetensors (the speech tokenizer is always fp32, as released)")
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--stage-config", help="stage layout: a name in stage_configs/ or a YAML path "
+                                          "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="the `model` value clients send (default: the model's name)")
+    p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
+    p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
+    p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import torch
+    from aiohttp import web
+
+    from omni_tts.config import load_stage_config
+    from omni_tts.entrypoints.server import ServerConfig, build_app
+    from omni_tts.models.qwen3_tts.random_model import default_model_dir
+    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
+    pipeline = load_stage_config(args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny"))
+    name = args.served_model_name or (args.model or os.path.basename(model_dir.rstrip("/")))
+    try:
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    app = build_app(AsyncTTSEngine(model_dir, pipeline), ServerConfig(
+        served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
+        allowed_local_media_path=args.allowed_local_media_path))
+    logging.getLogger("omni_tts").setLevel(logging.INFO)
+    print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port}", file=sys.stderr)
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
+    return 0
+
+
 def _synthesize(args: argparse.Namespace) -> int:
     import torch
 
@@ -100,11 +144,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omni-tts", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
     _add_synthesize(sub)
     _add_make_tiny_model(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
+    handlers = {"serve": _serve, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
     from omni_tts.models.qwen3_tts.config import ConfigError
     from omni_tts.models.qwen3_tts.weights import WeightsError
 

@@ -1,0 +1,104 @@
+"""The HTTP API's request schema (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions) and error envelope.
+
+Decoding is strict: unknown fields, wrong types and out-of-range values are `ApiError`s (HTTP 400) naming the
+field, before anything is admitted.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+
+MAX_INPUT_CHARS = 4096
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class ApiError(Exception):
+    """An error answered with the OpenAI envelope {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or {400: "invalid_request", 404: "not_found", 413: "payload_too_large",
+                             415: "unsupported_media_type", 422: "unprocessable", 429: "rate_limit_exceeded",
+                             503: "service_unavailable"}.get(status, "server_error")
+        self.type = type_ or ("invalid_request_error" if status < 500 and status != 429 else
+                              "rate_limit_error" if status == 429 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+
+
+Probability = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+
+
+class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # OpenAI
+    model: str
+    input: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)]
+    voice: str | VoiceId | None = None
+    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)] | None = None
+    response_format: ResponseFormat = "mp3"
+    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
+    stream_format: Literal["audio", "sse"] | None = None
+    stream: bool = False
+    # Qwen3-TTS extensions
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: str | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only_mode: bool = False
+    non_streaming_mode: bool | None = None
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=2, le=8192)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2 ** 63 - 1)] | None = None
+    temperature: NonNegative | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    top_p: Probability | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=100.0)] | None = None
+    subtalker_temperature: NonNegative | None = None
+    subtalker_top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    subtalker_top_p: Probability | None = None
+    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+
+    @property
+    def voice_name(self) -> str | None:
+        name = self.voice.id if isinstance(self.voice, VoiceId) else self.voice
+        return name.strip() if name and name.strip() else None
+
+    @property
+    def streaming(self) -> bool:
+        return self.stream or self.stream_format is not None
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def decode_speech_request(body: bytes) -> SpeechRequest:
+    """JSON body → SpeechRequest, or ApiError(400) naming the field."""
+    if not body.strip():
+        raise ApiError(400, "request body is empty; expected a JSON object")
+    try:
+        return msgspec.json.decode(body, type=SpeechRequest)
+    except msgspec.ValidationError as e:
+        text = str(e)
+        match = _PATH.search(text)
+        param = match.group(1).split(".")[0].split("[")[0] if match and match.group(1) else None
+        if text.startswith("Object contains unknown field"):
+            field = re.search(r"field `([^`]*)`", text)
+            param = field.group(1) if field else param
+            raise ApiError(400, f"unknown field '{param}'", param) from None
+        if text.startswith("Object missing required field"):
+            field = re.search(r"field `([^`]*)`", text)
+            param = field.group(1) if field else param
+            raise ApiError(400, f"missing required field '{param}'", param) from None
+        message = _PATH.sub("", text).strip().rstrip("-").strip()
+        raise ApiError(400, f"invalid '{param}': {message}" if param else message, param) from None
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None

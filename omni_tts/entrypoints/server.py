@@ -1,0 +1,397 @@
+"""OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
+
+Routes: POST /v1/audio/speech, GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name}, GET /v1/models,
+GET /health, GET /metrics. CPU work (tokenizer: single worker inside the engine; reference audio, encoding,
+base64: a small bounded pool) never runs on the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
+from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
+from omni_tts.audio.speed import change_speed
+from omni_tts.entrypoints.metrics import ServerMetrics
+from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
+from omni_tts.entrypoints.voices import VoiceError, VoiceStore
+from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine, GenerationChunk, RequestFailed, StageDeadError
+
+logger = logging.getLogger(__name__)
+MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: str
+    max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
+    voices_dir: str | None = None
+    allowed_local_media_path: str | None = None
+
+
+ENGINE = web.AppKey("engine", AsyncTTSEngine)
+CONFIG = web.AppKey("config", ServerConfig)
+STATE = web.AppKey("state", "ServerState")
+
+
+class ServerState:
+    def __init__(self, engine: AsyncTTSEngine, config: ServerConfig) -> None:
+        self.engine, self.config = engine, config
+        self.metrics = ServerMetrics()
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
+        self.voices = VoiceStore(config.voices_dir) if config.voices_dir else None
+        self.session: aiohttp.ClientSession | None = None
+        self.admitted = 0
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+def error_response(error: ApiError) -> web.Response:
+    headers = {"Retry-After": "1"} if error.status == 429 else None
+    return web.json_response(error.body(), status=error.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status >= 400 and e.content_type != "application/json":
+            return error_response(ApiError(e.status, e.reason))
+        raise
+    except ConnectionResetError:
+        raise
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error; see the server log"))
+
+
+# --- /v1/audio/speech ----------------------------------------------------------------------------------------
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    arrived = time.monotonic()
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    body = await request.read()
+    speech = decode_speech_request(body)
+    synthesis = await build_synthesis_request(state, speech)
+    if speech.streaming and speech.response_format not in streamable_formats():
+        raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
+                            f"{', '.join(streamable_formats())} or a non-streaming request", "response_format")
+    if speech.streaming and speech.speed != 1.0:
+        raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
+                            "utterance); send a non-streaming request to change the speed", "speed")
+    if state.admitted >= state.config.max_queue:
+        state.metrics.requests.labels("429").inc()
+        raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
+    if not state.engine.is_healthy:
+        state.metrics.requests.labels("503").inc()
+        raise ApiError(503, "a pipeline stage is down; the server cannot synthesize")
+    state.admitted += 1
+    state.metrics.in_flight.inc()
+    state.metrics.queue_depth.inc()
+    waiting = True
+    stream = state.engine.generate(synthesis, output_dtype="float32",
+                                   initial_chunk_frames=speech.initial_codec_chunk_frames)
+    try:
+        try:
+            first = await anext(stream)
+        except RequestError as e:
+            raise ApiError(400, str(e), e.param) from None
+        except StageDeadError as e:
+            raise ApiError(503, str(e)) from None
+        except RequestFailed as e:
+            raise ApiError(500, f"speech generation failed: {e}") from None
+        state.metrics.queue_depth.dec()
+        waiting = False
+        state.metrics.ttfp.observe(time.monotonic() - arrived)
+        if not speech.streaming:
+            response = await respond_whole(state, speech, first, stream)
+        elif speech.stream_format == "sse":
+            response = await respond_sse(request, state, speech, first, stream)
+        else:
+            response = await respond_audio_stream(request, state, speech, first, stream)
+        state.metrics.requests.labels(str(response.status)).inc()
+        return response
+    except ApiError as e:
+        state.metrics.requests.labels(str(e.status)).inc()
+        raise
+    except (ConnectionResetError, asyncio.CancelledError):
+        state.metrics.requests.labels("abort").inc()
+        raise
+    finally:
+        await stream.aclose()  # aborts the request in every stage if it did not finish
+        state.admitted -= 1
+        state.metrics.in_flight.dec()
+        if waiting:
+            state.metrics.queue_depth.dec()
+
+
+async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> SynthesisRequest:
+    engine = state.engine
+    model_type = engine.config.tts_model_type
+    if speech.model != state.config.served_model_name:
+        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
+                            f"{state.config.served_model_name}", "model", "model_not_found")
+    if not speech.input.strip():
+        raise ApiError(400, "input must not be empty", "input")
+    if speech.instructions and model_type == "custom_voice" and engine.config.tts_model_size == "0b6":
+        raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
+    voice, ref_audio, ref_text = speech.voice_name, None, speech.ref_text
+    x_vector_only = speech.x_vector_only_mode
+    if model_type == "base":
+        if speech.ref_audio is not None and voice is not None:
+            raise ApiError(400, "give either voice (an uploaded voice) or ref_audio, not both", "voice")
+        if speech.ref_audio is not None:
+            try:
+                ref_audio = (await fetch_ref_audio(speech.ref_audio, allowed_local_path=state.config.allowed_local_media_path,
+                                                   session=state.session, executor=state.pool), SAMPLE_RATE)
+            except RefAudioError as e:
+                raise ApiError(e.status, str(e), "ref_audio") from None
+        elif voice is not None:
+            record = state.voices.get(voice) if state.voices else None  # a snapshot: safe against deletion
+            if record is None:
+                raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
+                                    "ref_audio", "voice")
+            ref_audio = (await state.run(state.voices.samples, record), SAMPLE_RATE)
+            if ref_text is None:
+                ref_text = record.ref_text
+            x_vector_only = x_vector_only or not ref_text
+        else:
+            raise ApiError(400, "Base (voice clone) models need ref_audio or the name of an uploaded voice", "ref_audio")
+        voice = None
+    elif model_type == "voice_design" and voice is not None:
+        raise ApiError(400, "VoiceDesign models take no voice: describe it in instructions", "voice")
+    elif model_type == "custom_voice" and voice is None:
+        raise ApiError(400, f"voice is required; available: {', '.join(engine.prompts.speakers)}", "voice")
+    if speech.ref_audio is not None and model_type != "base":
+        raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+    return SynthesisRequest(
+        text=speech.input, task_type=speech.task_type, voice=voice, language=speech.language,
+        instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
+        non_streaming_mode=speech.non_streaming_mode,
+        sampling=SamplingParams(temperature=speech.temperature, top_k=speech.top_k, top_p=speech.top_p,
+                                repetition_penalty=speech.repetition_penalty,
+                                subtalker_temperature=speech.subtalker_temperature,
+                                subtalker_top_k=speech.subtalker_top_k, subtalker_top_p=speech.subtalker_top_p,
+                                max_new_tokens=speech.max_new_tokens, seed=speech.seed))
+
+
+async def _rest(first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+    yield first
+    if first.usage is None:
+        async for chunk in stream:
+            yield chunk
+
+
+def _usage_json(chunk: GenerationChunk) -> dict:
+    u = chunk.usage
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_frames,
+            "total_tokens": u.input_tokens + u.output_frames}
+
+
+def _record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+    state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
+    if chunk.usage.audio_seconds > 0:
+        state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
+
+
+async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+                        stream: AsyncIterator[GenerationChunk]) -> web.Response:
+    started = time.monotonic()
+    parts, last = [], first
+    async for chunk in _rest(first, stream):
+        parts.append(chunk.audio)
+        last = chunk
+    _record_usage(state, last, started)
+    audio = np.concatenate(parts)
+
+    def encode() -> bytes:
+        samples = change_speed(audio, speech.speed, SAMPLE_RATE) if speech.speed != 1.0 else audio
+        return encode_audio(samples, SAMPLE_RATE, speech.response_format)
+
+    data = await state.run(encode)
+    usage = _usage_json(last)
+    return web.Response(body=data, content_type=content_type(speech.response_format), headers={
+        "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
+        "x-omni-tts-finish-reason": last.usage.finish_reason})
+
+
+async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
+    """PCM/WAV chunks convert in microseconds; lossy codecs take tens of ms per chunk: off the loop."""
+    if encoder.fmt in ("pcm", "wav"):
+        return encoder.encode(audio)
+    return await state.run(encoder.encode, audio)
+
+
+async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
+                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
+    started = time.monotonic()
+    response = web.StreamResponse(headers={"Content-Type": content_type(speech.response_format)})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+    header = encoder.start()
+    if header:
+        await response.write(header)
+    async for chunk in _rest(first, stream):
+        if chunk.audio.size:
+            await response.write(await encode_chunk(state, encoder, chunk.audio))
+        if chunk.usage is not None:
+            _record_usage(state, chunk, started)
+    tail = encoder.finish()
+    if tail:
+        await response.write(tail)
+    await response.write_eof()
+    return response
+
+
+async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+                      stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
+    started = time.monotonic()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+
+    async def send(event: dict) -> None:
+        await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+    pending = encoder.start()
+    try:
+        async for chunk in _rest(first, stream):
+            if chunk.audio.size:
+                data = pending + await encode_chunk(state, encoder, chunk.audio)
+                pending = b""
+                encoded = await state.run(base64.b64encode, data)
+                await send({"type": "speech.audio.delta", "audio": encoded.decode("ascii"),
+                            "response_format": speech.response_format})
+            if chunk.usage is not None:
+                tail = encoder.finish()
+                if tail:
+                    await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
+                                "response_format": speech.response_format})
+                _record_usage(state, chunk, started)
+                await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
+    except (StageDeadError, RequestFailed) as e:
+        await send({"type": "speech.audio.error", "error": {"message": str(e), "type": "server_error",
+                                                            "code": "generation_failed"}})
+    await response.write_eof()
+    return response
+
+
+# --- voices, models, health, metrics -------------------------------------------------------------------------
+def _voices_or_404(state: ServerState) -> VoiceStore:
+    if state.voices is None:
+        raise ApiError(404, "voice uploads are disabled (start the server with --voices-dir)")
+    return state.voices
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    builtin = list(state.engine.prompts.speakers)
+    uploaded = [v.to_json() for v in state.voices.list()] if state.voices else []
+    return web.json_response({"voices": sorted(builtin + [v["name"] for v in uploaded]), "uploaded_voices": uploaded})
+
+
+async def upload_voice(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    store = _voices_or_404(state)
+    if state.engine.config.tts_model_type != "base":
+        raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
+    fields: dict[str, str] = {}
+    audio: bytes | None = None
+    filename, mime = "", ""
+    reader = await request.multipart()
+    async for part in reader:
+        if part.name == "audio_sample":
+            filename, mime = part.filename or "", part.headers.get("Content-Type", "")
+            audio = bytes(await part.read(decode=False))
+            if len(audio) > store.max_bytes:
+                raise ApiError(413, f"audio_sample larger than {store.max_bytes} bytes", "audio_sample")
+        elif part.name:
+            fields[part.name] = (await part.text())[:4096]
+    if audio is None:
+        raise ApiError(400, "multipart field 'audio_sample' (the reference clip) is required", "audio_sample")
+    if not fields.get("name"):
+        raise ApiError(400, "multipart field 'name' is required", "name")
+    try:
+        record = await state.run(store.add, fields["name"], audio, filename, mime, fields.get("ref_text") or None,
+                                 fields.get("consent"))
+    except VoiceError as e:
+        raise ApiError(e.status, str(e), e.param) from None
+    return web.json_response({"success": True, "voice": record.to_json()})
+
+
+async def delete_voice(request: web.Request) -> web.Response:
+    store = _voices_or_404(request.app[STATE])
+    name = request.match_info["name"]
+    if not await request.app[STATE].run(store.delete, name):
+        raise ApiError(404, f"voice '{name}' not found", "name")
+    return web.json_response({"success": True, "name": name})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response({"object": "list", "data": [{"id": state.config.served_model_name, "object": "model",
+                                                          "created": 0, "owned_by": "omni_tts"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    healthy = request.app[STATE].engine.is_healthy
+    return web.json_response({"status": "healthy" if healthy else "unhealthy"}, status=200 if healthy else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    stats = {}
+    if state.engine.is_healthy:
+        with contextlib.suppress(Exception):
+            stats = await state.engine.stats(timeout=2.0)
+    state.metrics.observe_stages(stats, state.engine.is_healthy)
+    return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
+    """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[error_middleware], handler_args=None)
+    app[ENGINE], app[CONFIG] = engine, config
+
+    async def lifecycle(app: web.Application):
+        if owns_engine:
+            await engine.start()
+        state = app[STATE] = ServerState(engine, config)
+        state.session = aiohttp.ClientSession()
+        yield
+        await state.session.close()
+        state.pool.shutdown(wait=False, cancel_futures=True)
+        if owns_engine:
+            await engine.shutdown()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_routes([
+        web.post("/v1/audio/speech", create_speech),
+        web.get("/v1/audio/voices", list_voices),
+        web.post("/v1/audio/voices", upload_voice),
+        web.delete("/v1/audio/voices/{name}", delete_voice),
+        web.get("/v1/models", list_models),
+        web.get("/health", health),
+        web.get("/metrics", metrics),
+    ])
+    return app

@@ -1,0 +1,253 @@
+"""The HTTP server as a real process on loopback: the official openai client, parity with offline synthesis,
+SSE, voices, health/models/metrics, and a table of bad requests."""
+import base64
+import io
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from conftest import FIXTURES
+from omni_tts.audio.encoding import to_int16
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from server_util import ServerProcess
+
+MODEL = "qwen3-tts"
+GREEDY = {"temperature": 0, "max_new_tokens": 24}
+REF_WAV = FIXTURES / "ref_voice.wav"
+REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
+
+
+def request(url, payload=None, method=None, data=None, headers=None):
+    body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
+    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"),
+                                 headers=headers or ({"Content-Type": "application/json"} if body is not None else {}))
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def offline_pcm(variant, **kwargs):
+    tts = _offline(variant)
+    result = tts.synthesize([SynthesisRequest(sampling=SamplingParams(**GREEDY), **kwargs)])[0]
+    return to_int16(result.audio)
+
+
+_tts = {}
+
+
+def _offline(variant):
+    if variant not in _tts:
+        _tts[variant] = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
+    return _tts[variant]
+
+
+def assert_pcm_close(pcm_bytes, expected):
+    got = np.frombuffer(pcm_bytes, dtype="<i2")
+    assert got.shape == expected.shape
+    assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= 1
+
+
+def parse_sse(body):
+    events = []
+    for block in body.decode().split("\n\n"):
+        data = [line[6:] for line in block.splitlines() if line.startswith("data: ")]
+        if data:
+            events.append(json.loads("".join(data)))
+    return events
+
+
+@pytest.fixture(scope="module")
+def cv_server():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory):
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                           str(tmp_path_factory.mktemp("voices")), "--allowed-local-media-path", str(FIXTURES))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cv_server):
+    return openai.OpenAI(base_url=cv_server.url + "/v1", api_key="unused")
+
+
+def test_openai_client_wav_and_pcm_streaming(client):
+    expected = offline_pcm("tiny-custom-voice", text="Hello from the OpenAI client.", voice="ryan")
+    wav = client.audio.speech.create(model=MODEL, voice="ryan", input="Hello from the OpenAI client.",
+                                     response_format="wav", extra_body=GREEDY)
+    samples, sr = sf.read(io.BytesIO(wav.content), dtype="int16")
+    assert sr == 24000
+    assert_pcm_close(samples.tobytes(), expected)
+    with client.audio.speech.with_streaming_response.create(
+            model=MODEL, voice="ryan", input="Hello from the OpenAI client.", response_format="pcm",
+            extra_body=dict(GREEDY, stream=True)) as response:
+        chunks = list(response.iter_bytes())
+    assert_pcm_close(b"".join(chunks), expected)
+    with client.audio.speech.with_streaming_response.create(
+            model=MODEL, voice="ryan", input="Hello from the OpenAI client.", response_format="wav",
+            stream_format="audio", extra_body=GREEDY) as response:
+        body = response.read()
+    assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff"
+    assert_pcm_close(body[44:], expected)
+
+
+def test_sse_events_follow_the_openai_schema(client, cv_server):
+    expected = offline_pcm("tiny-custom-voice", text="Server sent events.", voice="vivian")
+    response = client.audio.speech.create(model=MODEL, voice="vivian", input="Server sent events.",
+                                          response_format="pcm", stream_format="sse", extra_body=GREEDY)
+    events = parse_sse(response.content)
+    deltas, done = events[:-1], events[-1]
+    assert deltas and all(e["type"] == "speech.audio.delta" and isinstance(e["audio"], str) for e in deltas)
+    assert done["type"] == "speech.audio.done" and set(done["usage"]) >= {"input_tokens", "output_tokens", "total_tokens"}
+    assert done["usage"]["output_tokens"] == expected.shape[0] // 1920
+    assert_pcm_close(b"".join(base64.b64decode(e["audio"]) for e in deltas), expected)
+
+
+def test_non_streaming_formats_and_speed(cv_server):
+    payload = dict(GREEDY, model=MODEL, voice="ryan", input="Formats.")
+    for fmt, ctype in (("flac", "audio/flac"), ("mp3", "audio/mpeg")):
+        status, headers, body = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format=fmt))
+        assert status == 200 and headers["Content-Type"].startswith(ctype), (fmt, status, body[:200])
+        assert len(body) > 100
+    status, _, normal = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm"))
+    status, _, fast = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm", speed=2.0))
+    assert status == 200 and abs(len(fast) / len(normal) - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("variant,kwargs", [
+    ("tiny-voice-design", {"input": "Designed voice.", "instructions": "A calm, deep voice.", "language": "english"}),
+])
+def test_voice_design_parity_streaming_and_not(variant, kwargs):
+    server = ServerProcess("--model", str(FIXTURES / variant), "--served-model-name", MODEL)
+    try:
+        expected = offline_pcm(variant, text=kwargs["input"], instructions=kwargs["instructions"],
+                               language=kwargs["language"])
+        payload = dict(GREEDY, model=MODEL, response_format="pcm", **kwargs)
+        for extra in ({}, {"stream": True}):
+            status, _, body = request(server.url + "/v1/audio/speech", dict(payload, **extra))
+            assert status == 200
+            assert_pcm_close(body, expected)
+    finally:
+        server.stop()
+
+
+def test_voice_clone_by_ref_audio_and_uploaded_voice(base_server):
+    expected = offline_pcm("tiny-base", text="Clone me.", ref_audio=str(REF_WAV), ref_text=REF_TEXT, language="english")
+    data_uri = "data:audio/wav;base64," + base64.b64encode(REF_WAV.read_bytes()).decode()
+    payload = dict(GREEDY, model=MODEL, input="Clone me.", language="english", response_format="pcm")
+    for extra in ({}, {"stream": True}):
+        status, _, body = request(base_server.url + "/v1/audio/speech",
+                                  dict(payload, ref_audio=data_uri, ref_text=REF_TEXT, **extra))
+        assert status == 200, body[:300]
+        assert_pcm_close(body, expected)
+    status, _, body = request(base_server.url + "/v1/audio/speech",
+                              dict(payload, ref_audio=str(REF_WAV), ref_text=REF_TEXT))  # allow-listed local file
+    assert status == 200
+    assert_pcm_close(body, expected)
+    # upload the clip as a voice, then use it by name
+    boundary = "omnittsboundary"
+    parts = [(b'name', b"fox"), (b'ref_text', REF_TEXT.encode()), (b'consent', b"yes")]
+    body = b"".join(b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + k + b'"\r\n\r\n' + v + b"\r\n"
+                    for k, v in parts)
+    body += (b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="audio_sample"; filename="fox.wav"'
+             b"\r\nContent-Type: audio/wav\r\n\r\n" + REF_WAV.read_bytes() + b"\r\n--" + boundary.encode() + b"--\r\n")
+    status, _, answer = request(base_server.url + "/v1/audio/voices", data=body,
+                                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200 and json.loads(answer)["voice"]["name"] == "fox"
+    status, _, listing = request(base_server.url + "/v1/audio/voices")
+    assert "fox" in json.loads(listing)["voices"]
+    status, _, pcm = request(base_server.url + "/v1/audio/speech", dict(payload, voice="fox"))
+    assert status == 200
+    assert_pcm_close(pcm, expected)
+    assert request(base_server.url + "/v1/audio/voices/fox", method="DELETE")[0] == 200
+    status, _, error = request(base_server.url + "/v1/audio/speech", dict(payload, voice="fox"))
+    assert status == 400 and "unknown voice 'fox'" in json.loads(error)["error"]["message"]
+
+
+def test_health_models_metrics(cv_server):
+    status, _, body = request(cv_server.url + "/health")
+    assert status == 200 and json.loads(body) == {"status": "healthy"}
+    status, _, body = request(cv_server.url + "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
+    status, _, body = request(cv_server.url + "/metrics")
+    text = body.decode()
+    for family in ("omni_tts_requests_total", "omni_tts_ttfp_seconds", "omni_tts_rtf", "omni_tts_audio_seconds_total",
+                   "omni_tts_queue_depth", "omni_tts_in_flight", "omni_tts_stage_step_seconds"):
+        assert family in text, family
+
+
+OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm")
+BAD_REQUESTS = [
+    ("empty body", None, 400, "request body is empty"),
+    ("not json", b"{nope", 400, "not valid JSON"),
+    ("missing input", {k: v for k, v in OK.items() if k != "input"}, 400, "missing required field 'input'"),
+    ("missing model", {k: v for k, v in OK.items() if k != "model"}, 400, "missing required field 'model'"),
+    ("unknown field", dict(OK, colour="blue"), 400, "unknown field 'colour'"),
+    ("empty input", dict(OK, input="   "), 400, "input must not be empty"),
+    ("input too long", dict(OK, input="a" * 4097), 400, "invalid 'input'"),
+    ("wrong model", dict(OK, model="tts-1"), 404, "model 'tts-1' is not served"),
+    ("unknown voice", dict(OK, voice="alloy"), 400, "unknown voice 'alloy'"),
+    ("voice object unknown", dict(OK, voice={"id": "nobody"}), 400, "unknown voice 'nobody'"),
+    ("missing voice", {k: v for k, v in OK.items() if k != "voice"}, 400, "voice is required"),
+    ("bad response_format", dict(OK, response_format="ogg"), 400, "invalid 'response_format'"),
+    ("speed too low", dict(OK, speed=0.1), 400, "invalid 'speed'"),
+    ("speed too high", dict(OK, speed=5), 400, "invalid 'speed'"),
+    ("speed with streaming", dict(OK, speed=1.5, stream=True), 400, "speed must be 1.0 for streaming"),
+    ("bad stream_format", dict(OK, stream_format="chunks"), 400, "invalid 'stream_format'"),
+    ("wrong task type", dict(OK, task_type="Base"), 400, "does not match the loaded CustomVoice"),
+    ("unknown task type", dict(OK, task_type="Music"), 400, "invalid 'task_type'"),
+    ("unknown language", dict(OK, language="klingon"), 400, "unsupported language 'klingon'"),
+    ("temperature negative", dict(OK, temperature=-1), 400, "invalid 'temperature'"),
+    ("top_p zero", dict(OK, top_p=0), 400, "invalid 'top_p'"),
+    ("top_k string", dict(OK, top_k="ten"), 400, "invalid 'top_k'"),
+    ("max_new_tokens too big", dict(OK, max_new_tokens=100000), 400, "invalid 'max_new_tokens'"),
+    ("seed negative", dict(OK, seed=-5), 400, "invalid 'seed'"),
+    ("repetition_penalty zero", dict(OK, repetition_penalty=0), 400, "invalid 'repetition_penalty'"),
+    ("initial chunk zero", dict(OK, initial_codec_chunk_frames=0), 400, "invalid 'initial_codec_chunk_frames'"),
+    ("ref_audio on CustomVoice", dict(OK, ref_audio="data:audio/wav;base64,AAAA"), 400, "only supported by Base"),
+    ("x_vector_only not bool", dict(OK, x_vector_only_mode="yes"), 400, "invalid 'x_vector_only_mode'"),
+]
+
+
+@pytest.mark.parametrize("name,payload,status,message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests(cv_server, name, payload, status, message):
+    data = payload if isinstance(payload, bytes) else (b"" if payload is None else json.dumps(payload).encode())
+    got, _, body = request(cv_server.url + "/v1/audio/speech", data=data, headers={"Content-Type": "application/json"})
+    error = json.loads(body)["error"]
+    assert got == status, (got, error)
+    assert message in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"}
+    assert request(cv_server.url + "/health")[0] == 200  # still serving
+
+
+BASE_BAD = [
+    ("no reference", dict(model=MODEL, input="Hi."), 400, "need ref_audio"),
+    ("bad base64", dict(model=MODEL, input="Hi.", ref_audio="data:audio/wav;base64,!!!notbase64", x_vector_only_mode=True), 400, "ref_audio"),
+    ("not audio", dict(model=MODEL, input="Hi.", ref_audio="data:audio/wav;base64," + base64.b64encode(b"hello" * 100).decode(), x_vector_only_mode=True), 400, "ref_audio"),
+    ("local file outside allow-list", dict(model=MODEL, input="Hi.", ref_audio="/etc/passwd", x_vector_only_mode=True), 400, "ref_audio"),
+    ("icl without ref_text", dict(model=MODEL, input="Hi.", ref_audio=str(REF_WAV)), 400, "ref_text is required"),
+    ("voice and ref_audio", dict(model=MODEL, input="Hi.", voice="x", ref_audio=str(REF_WAV)), 400, "either voice"),
+    ("instructions on Base", dict(model=MODEL, input="Hi.", ref_audio=str(REF_WAV), x_vector_only_mode=True, instructions="Loud."), 400, "instructions are not supported"),
+]
+
+
+@pytest.mark.parametrize("name,payload,status,message", BASE_BAD, ids=[b[0] for b in BASE_BAD])
+def test_bad_voice_clone_requests(base_server, name, payload, status, message):
+    got, _, body = request(base_server.url + "/v1/audio/speech", dict(payload, response_format="pcm"))
+    error = json.loads(body)["error"]
+    assert got == status and message in error["message"], (got, error)
+    assert error["param"] in ("ref_audio", "ref_text", "voice", "instructions")
