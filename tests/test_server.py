@@ -1,8 +1,12 @@
 """The HTTP server as a real process on loopback: the official openai client, parity with offline synthesis,
 SSE, voices, health/models/metrics, and a table of bad requests."""
 import base64
+import http.client
 import io
 import json
+import os
+import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -251,3 +255,67 @@ def test_bad_voice_clone_requests(base_server, name, payload, status, message):
     error = json.loads(body)["error"]
     assert got == status and message in error["message"], (got, error)
     assert error["param"] in ("ref_audio", "ref_text", "voice", "instructions")
+
+
+def _stage_pids(server_pid):
+    children = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            children.append(int(pid))
+    return children
+
+
+def _metric(server, name):
+    text = request(server.url + "/metrics")[2].decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_full_queue_is_429_and_disconnect_aborts_everywhere():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--max-queue", "1")
+    try:
+        long_request = dict(model=MODEL, voice="ryan", input="A long one.", response_format="pcm", stream=True,
+                            temperature=0, repetition_penalty=1.0, max_new_tokens=2000)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/audio/speech", json.dumps(long_request), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200 and len(response.read(3840)) == 3840  # streaming has started
+        status, headers, body = request(server.url + "/v1/audio/speech", dict(long_request, stream=False))
+        assert status == 429 and headers.get("Retry-After") == "1"
+        assert json.loads(body)["error"]["type"] == "rate_limit_error"
+        conn.close()  # the client goes away mid-stream
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_metric(server, "omni_tts_stage_requests") or
+                                               _metric(server, "omni_tts_in_flight")):
+            time.sleep(0.2)
+        assert _metric(server, "omni_tts_stage_requests") == 0 and _metric(server, "omni_tts_in_flight") == 0
+        assert request(server.url + "/v1/audio/speech", dict(long_request, max_new_tokens=10))[0] == 200
+    finally:
+        server.stop()
+
+
+def test_dead_stage_gives_503_and_unhealthy():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
+    try:
+        pids = _stage_pids(server.proc.pid)
+        assert len(pids) == 2
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and request(server.url + "/health")[0] == 200:
+            time.sleep(0.1)
+        status, _, body = request(server.url + "/health")
+        assert status == 503 and json.loads(body) == {"status": "unhealthy"}
+        status, _, body = request(server.url + "/v1/audio/speech", OK)
+        assert status == 503 and json.loads(body)["error"]["code"] == "service_unavailable"
+    finally:
+        server.stop()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
