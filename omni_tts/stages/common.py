@@ -13,6 +13,7 @@ import zmq
 from .protocol import StageCommand, StageEvent, StageFailed, StageLaunch
 
 _command_decoder = msgspec.msgpack.Decoder(StageCommand)
+CPU_STAGE_NICENESS = 5
 
 
 class StageIO:
@@ -59,6 +60,9 @@ class StageIO:
 def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
+    if launch.device == "cpu":
+        # compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds
+        os.nice(CPU_STAGE_NICENESS)
     if launch.threads:
         import torch
         torch.set_num_threads(launch.threads)
