@@ -83,6 +83,8 @@ def test_24_concurrent_requests_each_get_their_own_audio():
                 assert usage.output_frames == expected.codes.shape[0]
             stats = await engine.stats()
             assert stats["talker"].request_ids == [] and stats["code2wav"].request_ids == []
+            ring = stats["code2wav"]
+            assert ring.connector_chunks >= 24 and 0 < ring.connector_latency_p50 <= ring.connector_latency_p99 < 5
     run(main())
 
 

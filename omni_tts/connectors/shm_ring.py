@@ -42,6 +42,7 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
@@ -58,7 +59,7 @@ MAX_REQUEST_ID_BYTES = 64
 FLAG_IS_LAST = 1
 FLAG_IS_CONTEXT = 2
 
-_HEADER = struct.Struct("<qIIH64s")  # seq, num_frames, flags, id_len, request id bytes
+_HEADER = struct.Struct("<qqIIH64s")  # seq, put time (CLOCK_MONOTONIC ns), num_frames, flags, id_len, id
 HEADER_BYTES = 128  # header padded so every payload starts on a cache-line boundary
 _ALIGN = 64
 _SLOT_MSG = struct.Struct("<I")  # the whole pyzmq message: one slot index
@@ -97,6 +98,7 @@ class Chunk:
 
     request_id: str
     seq: int
+    put_ns: int  # when the writer's put() was called (time.monotonic_ns(): one clock for all processes)
     codes: np.ndarray
     is_last: bool
     is_context: bool
@@ -255,16 +257,17 @@ class _Ring:
             view.flags.writeable = writable_payload  # the reader must never scribble on a slot
             self.payloads.append(view)
 
-    def write(self, slot: int, request_id: bytes, seq: int, codes: np.ndarray, flags: int) -> None:
+    def write(self, slot: int, request_id: bytes, seq: int, put_ns: int, codes: np.ndarray, flags: int) -> None:
         frames = codes.shape[0]
         self.payloads[slot][:frames] = codes
-        _HEADER.pack_into(self._mm, slot * self.spec.slot_bytes, seq, frames, flags, len(request_id), request_id)
+        _HEADER.pack_into(self._mm, slot * self.spec.slot_bytes, seq, put_ns, frames, flags, len(request_id),
+                          request_id)
 
     def read(self, slot: int) -> Chunk:
-        seq, frames, flags, id_len, raw_id = _HEADER.unpack_from(self._mm, slot * self.spec.slot_bytes)
+        seq, put_ns, frames, flags, id_len, raw_id = _HEADER.unpack_from(self._mm, slot * self.spec.slot_bytes)
         if frames > self.spec.max_frames or id_len > MAX_REQUEST_ID_BYTES:
             raise ValueError(f"corrupt header in slot {slot}: frames={frames} id_len={id_len}")
-        return Chunk(request_id=raw_id[:id_len].decode(), seq=seq, codes=self.payloads[slot][:frames],
+        return Chunk(request_id=raw_id[:id_len].decode(), seq=seq, put_ns=put_ns, codes=self.payloads[slot][:frames],
                      is_last=bool(flags & FLAG_IS_LAST), is_context=bool(flags & FLAG_IS_CONTEXT), slot=slot)
 
     def close(self) -> None:
@@ -332,7 +335,7 @@ class ChunkWriter:
     def __init__(self, spec: RingSpec) -> None:
         self.spec = spec
         self._cv = threading.Condition()
-        self._queue: collections.deque[tuple[bytes, int, np.ndarray, int]] = collections.deque()
+        self._queue: collections.deque[tuple[bytes, int, int, np.ndarray, int]] = collections.deque()
         self._free: collections.deque[int] = collections.deque(range(spec.num_slots))
         self._in_use: set[int] = set()
         self._closed = False
@@ -373,7 +376,7 @@ class ChunkWriter:
                              f"got {codes.shape}")
         if not np.issubdtype(codes.dtype, np.integer):
             raise TypeError(f"codes must be integers, got {codes.dtype}")
-        item = (rid, seq, np.array(codes, dtype=np.int32, copy=True),
+        item = (rid, seq, time.monotonic_ns(), np.array(codes, dtype=np.int32, copy=True),
                 (FLAG_IS_LAST if is_last else 0) | (FLAG_IS_CONTEXT if is_context else 0))
         with self._cv:
             if self._closed or self._error is not None:
@@ -436,11 +439,11 @@ class ChunkWriter:
                         self._cv.wait()
                     if self._closed:
                         return
-                    rid, seq, codes, flags = self._queue.popleft()
+                    rid, seq, put_ns, codes, flags = self._queue.popleft()
                     slot = self._free.popleft()
                     self._in_use.add(slot)
                 # Copy and notify outside the lock so put() and releases never wait on it.
-                self._ring.write(slot, rid, seq, codes, flags)
+                self._ring.write(slot, rid, seq, put_ns, codes, flags)
                 notify.send(_SLOT_MSG.pack(slot), zmq.NOBLOCK)
                 with self._cv:
                     self._written += 1

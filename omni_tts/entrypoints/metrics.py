@@ -25,6 +25,11 @@ class ServerMetrics:
                                   registry=r)
         self.stage_steps = Gauge("omni_tts_stage_steps", "Engine steps per stage", ["stage"], registry=r)
         self.stage_requests = Gauge("omni_tts_stage_requests", "Requests held by each stage", ["stage"], registry=r)
+        self.connector_latency = Gauge("omni_tts_connector_latency_seconds",
+                                       "talker put() → code2wav receipt per chunk, over recent chunks", ["quantile"],
+                                       registry=r)
+        self.connector_chunks = Gauge("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring",
+                                      registry=r)
         self.stage_up = Gauge("omni_tts_stage_up", "1 while every stage process is alive", registry=r)
 
     def observe_stages(self, stats: dict[str, StageStats], healthy: bool) -> None:
@@ -33,6 +38,11 @@ class ServerMetrics:
             self.stage_steps.labels(name).set(s.num_steps)
             self.stage_requests.labels(name).set(len(s.request_ids))
             self.step_seconds.labels(name).set(s.step_seconds / s.num_steps if s.num_steps else 0.0)
+        if "code2wav" in stats:
+            ring = stats["code2wav"]
+            self.connector_chunks.set(ring.connector_chunks)
+            self.connector_latency.labels("0.5").set(ring.connector_latency_p50)
+            self.connector_latency.labels("0.99").set(ring.connector_latency_p99)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,7 +16,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from .common import StageIO, run_stage
 from .protocol import Abort, AudioChunk, GetStats, Ready, Register, Shutdown, StageLaunch, StageStats
 
-_RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
+_RECENTLY_ABORTED = 4096
+LATENCY_WINDOW = 4096  # connector latency percentiles over the most recent chunks  # chunks still in flight for an aborted request are dropped, not re-registered
 
 
 class Code2WavStage:
@@ -28,6 +29,8 @@ class Code2WavStage:
         self.io = StageIO(launch, self.condition)
         self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.step_seconds = 0.0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self.num_chunks = 0
 
     def run(self) -> None:
         self.reader.start()
@@ -41,7 +44,10 @@ class Code2WavStage:
                     self.io.close()
                     return
                 self._handle(message)
+            now = time.monotonic_ns()
             for chunk in self.reader.get_all_nowait():
+                self.latencies.append((now - chunk.put_ns) / 1e9)
+                self.num_chunks += 1
                 rid = chunk.request_id
                 if rid not in self.aborted:
                     self.engine.add_request(rid)  # normally pre-registered already; a no-op then
@@ -64,8 +70,10 @@ class Code2WavStage:
             while len(self.aborted) > _RECENTLY_ABORTED:
                 self.aborted.popitem(last=False)
         elif isinstance(message, GetStats):
+            latencies = np.array(self.latencies) if self.latencies else np.zeros(1)
             self.io.send(StageStats("code2wav", list(self.engine.states), self.engine.num_steps, time.process_time(),
-                                    self.step_seconds))
+                                    self.step_seconds, self.num_chunks, float(np.percentile(latencies, 50)),
+                                    float(np.percentile(latencies, 99))))
 
 
 def main(launch_bytes: bytes) -> None:

@@ -71,6 +71,9 @@ class StageStats(msgspec.Struct, tag=True):
     num_steps: int
     cpu_seconds: float
     step_seconds: float              # total time inside engine steps
+    connector_chunks: int = 0        # code2wav: ring chunks received
+    connector_latency_p50: float = 0.0   # seconds from the talker's put() to code2wav taking the chunk,
+    connector_latency_p99: float = 0.0   # over the most recent chunks
 
 
 class StageFailed(msgspec.Struct, tag=True):
