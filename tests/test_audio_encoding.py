@@ -9,18 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_tts.audio import (
-    FORMATS,
-    StreamEncoder,
-    change_speed,
-    content_type,
-    create_stream_encoder,
-    encode_audio,
-    encoded_sample_rate,
-    streamable_formats,
-    to_int16,
-    wav_header,
-)
+from omni_tts.audio.encoding import (FORMATS, StreamEncoder, content_type, create_stream_encoder, encode_audio,
+                                     encoded_sample_rate, streamable_formats, to_int16, wav_header)
+from omni_tts.audio.speed import change_speed
 
 SR = 24000
 LOSSY = ("mp3", "opus", "aac")
