@@ -1,6 +1,28 @@
 """Reference audio for voice cloning from a request: a `data:` base64 URI, an http(s) URL, or an allow-listed file.
 
-Network reads are async and size-capped; base64, decoding and resampling run in an executor, never on the loop.
+Accepted forms of the `ref_audio` string (serving contract §2):
+
+- `data:[<mediatype>][;params];base64,<data>` — the media type is not trusted (the bytes are sniffed by
+  libsndfile); whitespace and missing `=` padding in the base64 are tolerated, URL-safe `-`/`_` too. Raw base64
+  without the `data:` prefix is **refused** on purpose: the base64 alphabet contains `/`, so a bare base64 string
+  cannot be told apart from an absolute path, and a typo would produce a misleading error.
+- `http://…` / `https://…` — fetched with the server's `aiohttp.ClientSession` (a temporary one when `session` is
+  None), one total timeout for connect + headers + body, body read in chunks and capped at `max_bytes`.
+- `file:///abs/path` (or `file://localhost/…`, percent-encoding decoded) or a bare absolute path — only when the
+  server names an allowed directory, and only if the fully resolved path (symlinks and `..` resolved) lies inside
+  it; the opened descriptor is checked again, so a symlink swapped in between check and open cannot escape.
+
+Any libsndfile-readable container is accepted (wav, flac, ogg/vorbis/opus, mp3, aiff, …); the clip is averaged to
+mono, resampled to 24 kHz (`omni_tts.models.qwen3_tts.audio`), and its duration must lie in [min_seconds,
+max_seconds] (1–30 s by default, measured before resampling).
+
+Errors: every failure raises `RefAudioError(message, status)`; `status` is 413 when the clip is larger than
+`max_bytes` and 400 for everything else (malformed value, refused path, unreachable URL, non-200 answer, timeout,
+undecodable audio, duration out of range). 422 is not used. Messages start with the field name (`ref_audio` by
+default) and are meant to be shown to users verbatim.
+
+Event loop: base64 decoding, file reads, audio decoding and resampling all run in the given executor; only the
+async HTTP read runs on the loop.
 """
 from __future__ import annotations
 
@@ -8,16 +30,26 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import io
+import math
 import os
+import stat
+import urllib.parse
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
+import soundfile as sf
 
 from omni_tts.models.qwen3_tts.audio import load_audio, resample_to
 
 SAMPLE_RATE = 24000
 MAX_BYTES = 10 * 1024 * 1024
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
+MIN_SOURCE_RATE, MAX_SOURCE_RATE = 8000, 384000   # below 8 kHz is not speech audio; above is nonsense for a voice
+MAX_CHANNELS = 16
+_READ_BLOCK = 64 * 1024
+_URL_SAFE = str.maketrans("-_", "+/")
 
 
 class RefAudioError(ValueError):
@@ -28,75 +60,221 @@ class RefAudioError(ValueError):
         self.status = status
 
 
-def decode_clip(data: bytes, min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> np.ndarray:
-    """Encoded audio file bytes → float32 mono at 24 kHz, with the duration checked."""
+@dataclass(frozen=True)
+class DecodedClip:
+    samples: np.ndarray      # float32 mono at 24 kHz
+    source_rate: int         # sample rate of the file as given
+    duration_s: float        # duration before resampling
+    format: str              # libsndfile major format: WAV, WAVEX, FLAC, OGG, MP3, …
+    subtype: str             # libsndfile subtype: PCM_16, VORBIS, OPUS, MPEG_LAYER_III, …
+
+
+def _too_large(label: str, max_bytes: int) -> RefAudioError:
+    return RefAudioError(f"{label} is larger than the {max_bytes}-byte limit ({max_bytes / 2**20:g} MiB)", 413)
+
+
+def decode_reference(data: bytes, *, min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS,
+                     label: str = "ref_audio") -> DecodedClip:
+    """Encoded audio file bytes → `DecodedClip` (24 kHz mono float32), duration checked. Blocking: run off the loop.
+
+    The header is read first (`soundfile.info`) so a small compressed file that would decode to hours of audio is
+    refused before it is decoded.
+    """
+    if not data:
+        raise RefAudioError(f"{label} is empty (0 bytes)")
+    try:
+        info = sf.info(io.BytesIO(data))
+    except Exception as e:  # libsndfile raises LibsndfileError / RuntimeError / TypeError for junk
+        reason = getattr(e, "error_string", None) or "format not recognised"
+        raise RefAudioError(f"{label} is not a readable audio file ({reason.rstrip('.')}); "
+                            "send wav, flac, ogg or mp3") from None
+    if not MIN_SOURCE_RATE <= info.samplerate <= MAX_SOURCE_RATE:
+        raise RefAudioError(f"{label} has sample rate {info.samplerate} Hz; supported: "
+                            f"{MIN_SOURCE_RATE}–{MAX_SOURCE_RATE} Hz")
+    if not 1 <= info.channels <= MAX_CHANNELS:
+        raise RefAudioError(f"{label} has {info.channels} channels; at most {MAX_CHANNELS} are supported")
+    # frame counts of compressed formats are estimates: refuse early only when clearly too long
+    if info.frames > 0 and info.frames / info.samplerate > max_seconds + 1.0:
+        raise RefAudioError(f"{label} is too long: it must last {min_seconds:g}–{max_seconds:g} s, "
+                            f"got {info.frames / info.samplerate:.2f} s")
     try:
         wav, sr = load_audio(data)
     except (ValueError, RuntimeError, OSError) as e:
-        raise RefAudioError(f"ref_audio is not a readable audio file: {e}") from None
+        message = str(e).replace("in-memory audio", label).replace("reference audio", label)
+        raise RefAudioError(message if message.startswith(label) else f"{label}: {message}") from None
     seconds = wav.shape[0] / sr
-    if not min_seconds <= seconds <= max_seconds:
-        raise RefAudioError(f"ref_audio must last {min_seconds:g}–{max_seconds:g} s, got {seconds:.2f} s")
-    return resample_to(wav, sr, SAMPLE_RATE)
+    if seconds < min_seconds:
+        raise RefAudioError(f"{label} is too short: it must last {min_seconds:g}–{max_seconds:g} s, "
+                            f"got {seconds:.2f} s")
+    if seconds > max_seconds:
+        raise RefAudioError(f"{label} is too long: it must last {min_seconds:g}–{max_seconds:g} s, "
+                            f"got {seconds:.2f} s")
+    samples = np.ascontiguousarray(resample_to(wav, sr, SAMPLE_RATE), dtype=np.float32)
+    return DecodedClip(samples, int(sr), float(seconds), str(info.format), str(info.subtype))
 
 
-def _decode_data_uri(value: str, max_bytes: int) -> bytes:
-    header, _, payload = value.partition(",")
-    if not header.endswith(";base64"):
-        raise RefAudioError("ref_audio data URI must be base64 encoded (data:audio/...;base64,...)")
-    if len(payload) * 3 // 4 > max_bytes:
-        raise RefAudioError(f"ref_audio is larger than {max_bytes} bytes", 413)
+def decode_clip(data: bytes, min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS,
+                label: str = "ref_audio") -> np.ndarray:
+    """Encoded audio file bytes → float32 mono at 24 kHz, with the duration checked (see `decode_reference`)."""
+    return decode_reference(data, min_seconds=min_seconds, max_seconds=max_seconds, label=label).samples
+
+
+# --- data: URIs --------------------------------------------------------------------------------------------------
+def decode_data_uri(value: str, max_bytes: int = MAX_BYTES) -> bytes:
+    """`data:[mediatype][;params];base64,<data>` → the decoded bytes. Blocking for large values: run off the loop."""
+    value = value.strip()
+    comma = value.find(",")
+    if not value[:5].lower() == "data:" or comma < 0:
+        raise RefAudioError("ref_audio data URI is malformed: expected data:audio/wav;base64,<data>")
+    params = [p.strip().lower() for p in value[5:comma].split(";")]
+    if "base64" not in params[1:]:
+        raise RefAudioError("ref_audio data URI must be base64 encoded: data:audio/wav;base64,<data>")
+    payload = value[comma + 1:]
+    if any(ws in payload for ws in (" ", "\n", "\r", "\t")):
+        payload = "".join(payload.split())
+    if not payload:
+        raise RefAudioError("ref_audio data URI holds no data")
+    if (len(payload) // 4) * 3 > max_bytes + 3:
+        raise _too_large("ref_audio", max_bytes)
+    if "-" in payload or "_" in payload:
+        payload = payload.translate(_URL_SAFE)
+    payload += "=" * (-len(payload) % 4)
     try:
-        return base64.b64decode(payload, validate=True)
+        data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise RefAudioError("ref_audio data URI holds invalid base64") from None
+    if len(data) > max_bytes:
+        raise _too_large("ref_audio", max_bytes)
+    return data
 
 
-def _read_local(value: str, allowed: str | None, max_bytes: int) -> bytes:
-    if allowed is None:
-        raise RefAudioError("ref_audio local files are disabled (start the server with --allowed-local-media-path)")
-    path = value[len("file://"):] if value.startswith("file://") else value
-    root = os.path.realpath(allowed)
-    real = os.path.realpath(path)  # resolves symlinks and '..', so nothing escapes the allowed directory
-    if os.path.commonpath([root, real]) != root:
-        raise RefAudioError("ref_audio path is outside the allowed local media directory")
-    if not os.path.isfile(real):
-        raise RefAudioError(f"ref_audio file not found: {path}")
-    if os.path.getsize(real) > max_bytes:
-        raise RefAudioError(f"ref_audio is larger than {max_bytes} bytes", 413)
-    with open(real, "rb") as f:
-        return f.read()
+# --- local files -------------------------------------------------------------------------------------------------
+def _local_path(value: str) -> str:
+    if value[:5].lower() == "file:":
+        parsed = urllib.parse.urlsplit(value)
+        if parsed.netloc not in ("", "localhost"):
+            raise RefAudioError("ref_audio file URL must name a local absolute path: file:///path/to/clip.wav")
+        if parsed.query or parsed.fragment:
+            raise RefAudioError("ref_audio file URL must not contain '?' or '#' (percent-encode them)")
+        path = urllib.parse.unquote(parsed.path)
+    else:
+        path = value
+    if "\0" in path:
+        raise RefAudioError("ref_audio path contains a NUL byte")
+    if not os.path.isabs(path):
+        raise RefAudioError("ref_audio file path must be absolute")
+    return path
 
 
-async def _fetch_url(url: str, session: aiohttp.ClientSession, max_bytes: int, timeout_s: float) -> bytes:
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def read_local_file(value: str, allowed_local_path: str | None, max_bytes: int = MAX_BYTES) -> bytes:
+    """`file:///…` or an absolute path inside `allowed_local_path` → its bytes. Blocking: run off the loop."""
+    if not allowed_local_path:
+        raise RefAudioError("ref_audio local files are disabled on this server (start it with "
+                            "--allowed-local-media-path); send a data: URI or an http(s) URL instead")
+    path = _local_path(value)
+    root = os.path.realpath(allowed_local_path)
+    real = os.path.realpath(path)  # resolves every symlink and '..'
+    if not _inside(real, root):
+        raise RefAudioError(f"ref_audio path {path!r} is outside the allowed local media directory")
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        # O_NONBLOCK: a FIFO inside the directory must not hang the worker; O_NOFOLLOW: the last component is
+        # already resolved, so a symlink here means it was swapped in after the check
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise RefAudioError(f"ref_audio file not found: {path}") from None
+    except OSError as e:
+        raise RefAudioError(f"ref_audio file cannot be opened: {path} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefAudioError(f"ref_audio path is not a regular file: {path}")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        proc = f"/proc/self/fd/{f.fileno()}"
+        if os.path.exists(proc) and not _inside(os.path.realpath(proc), root):  # an intermediate directory moved
+            raise RefAudioError(f"ref_audio path {path!r} is outside the allowed local media directory")
+        if st.st_size > max_bytes:
+            raise _too_large("ref_audio", max_bytes)
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_large("ref_audio", max_bytes)
+    return data
+
+
+# --- URLs --------------------------------------------------------------------------------------------------------
+async def fetch_url(url: str, session: aiohttp.ClientSession, max_bytes: int = MAX_BYTES,
+                    timeout_s: float = 10.0) -> bytes:
+    """GET `url` (redirects followed) → body bytes, streamed and capped at `max_bytes`, one total timeout."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), max_redirects=5) as response:
             if response.status != 200:
-                raise RefAudioError(f"ref_audio URL answered HTTP {response.status}")
+                reason = f" {response.reason}" if response.reason else ""
+                raise RefAudioError(f"ref_audio URL answered HTTP {response.status}{reason}")
+            if response.content_length is not None and response.content_length > max_bytes:
+                raise _too_large("ref_audio", max_bytes)
             data = bytearray()
-            async for block in response.content.iter_chunked(64 * 1024):
+            async for block in response.content.iter_chunked(_READ_BLOCK):
                 data += block
                 if len(data) > max_bytes:
-                    raise RefAudioError(f"ref_audio is larger than {max_bytes} bytes", 413)
+                    raise _too_large("ref_audio", max_bytes)
             return bytes(data)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        raise RefAudioError(f"ref_audio URL could not be fetched: {type(e).__name__} {e}".strip()) from None
+    except RefAudioError:
+        raise
+    except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError
+        raise RefAudioError(f"ref_audio URL did not answer within {timeout_s:g} s") from None
+    except aiohttp.TooManyRedirects:
+        raise RefAudioError("ref_audio URL redirects too many times") from None
+    except (aiohttp.ClientError, ValueError) as e:
+        detail = str(e) or type(e).__name__
+        raise RefAudioError(f"ref_audio URL could not be fetched: {detail}") from None
+
+
+# --- entry point -------------------------------------------------------------------------------------------------
+def _data_uri_to_clip(value: str, max_bytes: int, min_seconds: float, max_seconds: float) -> np.ndarray:
+    return decode_clip(decode_data_uri(value, max_bytes), min_seconds, max_seconds)
+
+
+def _local_to_clip(value: str, allowed: str | None, max_bytes: int, min_seconds: float,
+                   max_seconds: float) -> np.ndarray:
+    return decode_clip(read_local_file(value, allowed, max_bytes), min_seconds, max_seconds)
 
 
 async def fetch_ref_audio(value: str, *, allowed_local_path: str | None, session: aiohttp.ClientSession | None,
                           executor: concurrent.futures.Executor, max_bytes: int = MAX_BYTES,
-                          timeout_s: float = 10.0) -> np.ndarray:
-    """The request's `ref_audio` → float32 mono samples at 24 kHz (1–30 s); RefAudioError otherwise."""
+                          timeout_s: float = 10.0, min_seconds: float = MIN_SECONDS,
+                          max_seconds: float = MAX_SECONDS) -> np.ndarray:
+    """The request's `ref_audio` string → float32 mono samples at 24 kHz; `RefAudioError` otherwise.
+
+    `session=None` fetches URLs with a temporary session. Returns a fresh array the caller may keep.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise RefAudioError("ref_audio must be a non-empty string")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     loop = asyncio.get_running_loop()
+    head = value[:16].lstrip().lower()
+    if head.startswith("data:"):
+        # cheap bound before any copy: base64 is 4/3 of the data, plus generous room for line breaks
+        if len(value) > (max_bytes * 4) // 3 * 1.1 + 4096:
+            raise _too_large("ref_audio", max_bytes)
+        return await loop.run_in_executor(executor, _data_uri_to_clip, value, max_bytes, min_seconds, max_seconds)
     value = value.strip()
-    if value.startswith("data:"):
-        data = await loop.run_in_executor(executor, _decode_data_uri, value, max_bytes)
-    elif value.startswith(("http://", "https://")):
+    if head.startswith(("http://", "https://")):
         if session is None:
-            raise RefAudioError("ref_audio URLs are not enabled on this server")
-        data = await _fetch_url(value, session, max_bytes, timeout_s)
-    elif value.startswith("file://") or os.path.isabs(value):
-        data = await loop.run_in_executor(executor, _read_local, value, allowed_local_path, max_bytes)
-    else:
-        raise RefAudioError("ref_audio must be a data: base64 URI, an http(s) URL or an absolute file path")
-    return await loop.run_in_executor(executor, decode_clip, data)
+            async with aiohttp.ClientSession() as temporary:
+                data = await fetch_url(value, temporary, max_bytes, timeout_s)
+        else:
+            data = await fetch_url(value, session, max_bytes, timeout_s)
+        return await loop.run_in_executor(executor, decode_clip, data, min_seconds, max_seconds)
+    if head.startswith("file:") or os.path.isabs(value):
+        return await loop.run_in_executor(executor, _local_to_clip, value, allowed_local_path, max_bytes,
+                                          min_seconds, max_seconds)
+    raise RefAudioError("ref_audio must be a data URI (data:audio/wav;base64,<data>), an http(s):// URL or a "
+                        "file:///absolute/path; raw base64 needs the 'data:audio/wav;base64,' prefix")

@@ -170,7 +170,10 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
             if record is None:
                 raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
                                     "ref_audio", "voice")
-            ref_audio = (await state.run(state.voices.samples, record), SAMPLE_RATE)
+            try:
+                ref_audio = (await state.run(state.voices.samples, record), SAMPLE_RATE)
+            except VoiceError as e:
+                raise ApiError(e.status, str(e), "voice") from None
             if ref_text is None:
                 ref_text = record.ref_text
             x_vector_only = x_vector_only or not ref_text

@@ -1,152 +1,414 @@
 """Uploaded voices (Base voice cloning): one folder per voice under the voices dir, restored at start-up.
 
-Each voice keeps the clip as uploaded plus `meta.json`. `get` returns an immutable snapshot, so a request that
-looked a voice up keeps a usable record even if the voice is deleted or replaced right after (lookup and
-validation are atomic with respect to deletion). Decoded 24 kHz samples are cached, bounded by bytes.
+Layout: `<root>/<name lower-cased>/meta.json` plus the clip exactly as uploaded, `clip-<version><ext>` (the
+extension follows the decoded container, never the client's file name). A write puts the clip under a fresh
+version name and then swaps `meta.json` with an atomic rename, so a crash leaves either the old or the new voice,
+never a half-written one; unreferenced clips and temp files are cleaned at start-up.
+
+Names: 1–64 characters of `[A-Za-z0-9_.-]`, not starting with `.`. A name is stored and listed as given, but
+lookup, overwrite and delete are case-insensitive ("Fox" and "fox" are the same voice), so names never collide on
+case-insensitive file systems.
+
+Snapshots: `get` returns an immutable `VoiceRecord`. A request that looked a voice up keeps a usable record even if
+the voice is deleted or replaced right after: decoded samples are cached (LRU bounded by bytes), and the files of a
+deleted or replaced version stay on disk for `retire_grace_s` seconds so `samples(record)` can still decode them.
+`created_at` increases strictly across the whole store, even for a re-upload within the same clock tick or after a
+clock step back, so `(name, created_at)` identifies one version of a voice for any cache.
+
+Threads: `get` / `list` only take a short in-memory lock and never touch the disk, so the event loop may call them.
+`add` (decodes audio, writes files), `delete` and `samples` are blocking: call them in an executor. Disk writes are
+serialised by a second lock that `get` never waits for.
+
+Status codes (`VoiceError.status`): 400 bad name / empty / undecodable / duration outside 1–30 s, 413 larger than
+`max_bytes`, 415 file type outside the allow-list (wav, flac, ogg/opus, mp3 — by extension, MIME type and the
+decoded container), 409 voice limit reached, 404 (`samples`) a snapshot whose files are gone, 500 a stored clip that
+no longer decodes.
 """
 from __future__ import annotations
 
 import collections
 import json
 import logging
+import math
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
-from omni_tts.audio.ref_audio import RefAudioError, decode_clip
+from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, RefAudioError, decode_reference
 
 logger = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_EXTENSIONS = {".wav": "audio/wav", ".flac": "audio/flac", ".ogg": "audio/ogg", ".mp3": "audio/mpeg"}
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+_CLIP_FILE = re.compile(r"clip-[0-9a-f-]+\.(wav|flac|ogg|mp3)")
+META = "meta.json"
+_TMP_PREFIX = ".tmp-"
+# libsndfile container → (file extension, canonical MIME type); anything else is refused with 415
+_CONTAINERS = {"WAV": (".wav", "audio/wav"), "WAVEX": (".wav", "audio/wav"), "RF64": (".wav", "audio/wav"),
+               "FLAC": (".flac", "audio/flac"), "OGG": (".ogg", "audio/ogg"), "MP3": (".mp3", "audio/mpeg")}
+_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3"}
+_MIME_TYPES = {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave", "audio/x-pn-wav", "audio/flac",
+               "audio/x-flac", "audio/ogg", "audio/opus", "application/ogg", "audio/mpeg", "audio/mp3",
+               "audio/x-mp3", "audio/mpeg3", "audio/x-mpeg-3"}
+_UNINFORMATIVE_MIME = {"", "application/octet-stream", "binary/octet-stream"}
+_NAME_RULE = "voice name must be 1–64 characters of letters, digits, '_', '.' or '-', not starting with '.'"
 
 
 class VoiceError(ValueError):
-    def __init__(self, message: str, status: int = 400, param: str = "audio_sample") -> None:
+    """A refused voice operation; `status` is the HTTP status, `param` the request field to blame."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = "audio_sample") -> None:
         super().__init__(message)
         self.status, self.param = status, param
 
 
 @dataclass(frozen=True)
 class VoiceRecord:
-    name: str
-    ref_text: str | None
-    created_at: float
-    file_size: int
-    mime_type: str
-    duration_s: float
-    consent: str | None
-    path: str
+    """An immutable snapshot of one version of an uploaded voice."""
+    name: str                # as uploaded (lookup is case-insensitive)
+    ref_text: str | None     # transcript of the clip; None → x-vector-only cloning
+    created_at: float        # unix seconds, strictly increasing across the store: the voice's version
+    file_size: int           # bytes of the clip as uploaded
+    mime_type: str           # canonical type of the decoded container (audio/wav, audio/flac, audio/ogg, audio/mpeg)
+    duration_s: float        # clip duration
+    consent: str | None      # as given by the uploader
+    sample_rate: int         # sample rate of the clip as uploaded (samples() are always 24 kHz)
+    path: str                # the stored clip
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        data.pop("path")
-        return data
+        """The API view: {name, ref_text, created_at, file_size, mime_type, duration_s, consent}."""
+        return {"name": self.name, "ref_text": self.ref_text, "created_at": self.created_at,
+                "file_size": self.file_size, "mime_type": self.mime_type, "duration_s": self.duration_s,
+                "consent": self.consent}
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same folder, fsync, rename."""
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _check_type(filename: str | None, mime_type: str | None) -> None:
+    """415 unless the extension or the MIME type is allow-listed (or neither says anything)."""
+    extension = os.path.splitext(os.path.basename((filename or "").replace("\\", "/")))[1].lower()
+    mime = (mime_type or "").split(";")[0].strip().lower()
+    if extension in _EXTENSIONS or mime in _MIME_TYPES:
+        return
+    if not extension and mime in _UNINFORMATIVE_MIME:
+        return  # nothing to go on: the decoder decides
+    what = " and ".join(x for x in (f"extension {extension!r}" if extension else "",
+                                    f"type {mime!r}" if mime not in _UNINFORMATIVE_MIME else "") if x)
+    raise VoiceError(f"audio_sample {what} is not supported; upload wav, flac, ogg or mp3", 415)
 
 
 class VoiceStore:
     def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = 10 * 1024 * 1024,
-                 cache_bytes: int = 256 * 1024 * 1024) -> None:
-        self.root, self.max_voices, self.max_bytes, self.cache_bytes = root_dir, max_voices, max_bytes, cache_bytes
-        os.makedirs(root_dir, exist_ok=True)
-        self._lock = threading.Lock()
+                 cache_bytes: int = 256 * 1024 * 1024, min_seconds: float = MIN_SECONDS,
+                 max_seconds: float = MAX_SECONDS, retire_grace_s: float = 300.0) -> None:
+        self.root = os.path.abspath(root_dir)
+        self.max_voices, self.max_bytes, self.cache_bytes = max_voices, max_bytes, cache_bytes
+        self.min_seconds, self.max_seconds, self.retire_grace_s = min_seconds, max_seconds, retire_grace_s
+        os.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()          # in-memory state: _voices, _cache, _last_created
+        self._write_lock = threading.Lock()    # disk mutations (add / delete / purge), taken before _lock
         self._voices: dict[str, VoiceRecord] = {}
         self._cache: collections.OrderedDict[tuple[str, float], np.ndarray] = collections.OrderedDict()
-        for entry in sorted(os.listdir(root_dir)):
-            meta = os.path.join(root_dir, entry, "meta.json")
+        self._cached_bytes = 0
+        self._last_created = 0.0
+        self._retired: list[tuple[float, str]] = []   # (monotonic deadline, clip path) of replaced/deleted versions
+        self._restore()
+
+    # --- start-up --------------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        for entry in sorted(os.listdir(self.root)):
+            folder = os.path.join(self.root, entry)
+            if entry.startswith(".") or not os.path.isdir(folder):
+                continue
+            meta_path = os.path.join(folder, META)
+            if not os.path.exists(meta_path):
+                self._remove_leftovers(folder, keep=None)  # a deleted voice whose clip awaited its grace period
+                continue
             try:
-                with open(meta, encoding="utf-8") as f:
-                    record = VoiceRecord(**json.load(f), path="")
-                record = VoiceRecord(**{**asdict(record), "path": os.path.join(root_dir, entry, "clip")})
-                if not os.path.isfile(record.path):
-                    raise FileNotFoundError(record.path)
-                self._voices[record.name.lower()] = record
-            except (OSError, ValueError, TypeError) as e:
-                if not entry.startswith("."):
-                    logger.warning("skipping unreadable voice %s: %s", entry, e)
+                record = self._read_meta(entry, meta_path)
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                logger.warning("voices: skipping corrupt voice folder %s: %s", folder, e)
+                continue
+            self._voices[record.key] = record
+            self._last_created = max(self._last_created, record.created_at)
+            self._remove_leftovers(folder, keep=os.path.basename(record.path))
+        if self._voices:
+            logger.info("voices: restored %d uploaded voice(s) from %s", len(self._voices), self.root)
+        if len(self._voices) > self.max_voices:
+            logger.warning("voices: %d stored voices exceed max_voices=%d; uploads of new names are refused",
+                           len(self._voices), self.max_voices)
+
+    def _read_meta(self, entry: str, meta_path: str) -> VoiceRecord:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("meta.json is not an object")
+        name = meta["name"]
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name.lower() != entry:
+            raise ValueError(f"name {name!r} does not match the folder")
+        for field in ("ref_text", "consent"):
+            if meta.get(field) is not None and not isinstance(meta[field], str):
+                raise ValueError(f"{field} is not a string")
+        created, duration = meta["created_at"], meta["duration_s"]
+        size, rate, mime, clip = meta["file_size"], meta["sample_rate"], meta["mime_type"], meta["file"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in (created, duration)):
+            raise ValueError("created_at / duration_s are not numbers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (size, rate)):
+            raise ValueError("file_size / sample_rate are not positive integers")
+        if not isinstance(mime, str) or not isinstance(clip, str) or not _CLIP_FILE.fullmatch(clip):
+            raise ValueError("mime_type / file are invalid")
+        path = os.path.join(self.root, entry, clip)
+        actual = os.path.getsize(path)  # OSError when missing
+        if actual != size:
+            raise ValueError(f"{clip} has {actual} bytes, meta.json says {size}")
+        return VoiceRecord(name=name, ref_text=meta.get("ref_text"), created_at=float(created), file_size=size,
+                           mime_type=mime, duration_s=float(duration), consent=meta.get("consent"),
+                           sample_rate=rate, path=path)
 
     @staticmethod
+    def _remove_leftovers(folder: str, keep: str | None) -> None:
+        """Delete this store's own stale files (old clip versions, temp files) from a voice folder."""
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for name in names:
+            if name != keep and (name.startswith(_TMP_PREFIX) or _CLIP_FILE.fullmatch(name)):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError as e:
+                    logger.warning("voices: could not remove %s: %s", os.path.join(folder, name), e)
+        if keep is None:
+            try:
+                os.rmdir(folder)  # only when empty
+            except OSError:
+                pass
+
+    # --- names -----------------------------------------------------------------------------------------------
+    @staticmethod
     def validate_name(name: str) -> str:
-        if not _NAME.match(name or ""):
-            raise VoiceError("voice name must be 1–64 characters of letters, digits, '_', '.', '-' and not start "
-                             "with '.' or '-'", param="name")
+        """The name unchanged if valid; `VoiceError` (a ValueError, status 400, param 'name') otherwise."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise VoiceError(_NAME_RULE, 400, "name")
         return name
 
-    def add(self, name: str, audio: bytes, filename: str, mime_type: str, ref_text: str | None,
-            consent: str | None) -> VoiceRecord:
-        """Validate and store a clip (replacing a voice of the same name). Runs in an executor: decodes audio."""
-        self.validate_name(name)
-        if len(audio) > self.max_bytes:
-            raise VoiceError(f"audio_sample larger than {self.max_bytes} bytes", 413)
-        extension = os.path.splitext(filename or "")[1].lower()
-        if extension and extension not in _EXTENSIONS:
-            raise VoiceError(f"audio_sample type {extension!r} is not supported; use one of "
-                             f"{', '.join(sorted(_EXTENSIONS))}", 415)
-        try:
-            samples = decode_clip(audio)
-        except RefAudioError as e:
-            raise VoiceError(str(e).replace("ref_audio", "audio_sample"), e.status) from None
-        with self._lock:
-            key = name.lower()
-            if key not in self._voices and len(self._voices) >= self.max_voices:
-                raise VoiceError(f"voice limit reached ({self.max_voices}); delete one first", 409, "name")
-            previous = self._voices.get(key)
-            created = max(time.time(), (previous.created_at + 1e-6) if previous else 0.0)
-            folder = os.path.join(self.root, key)
-            staging = tempfile.mkdtemp(prefix=".upload-", dir=self.root)
-            record = VoiceRecord(name=name, ref_text=ref_text, created_at=created, file_size=len(audio),
-                                 mime_type=_EXTENSIONS.get(extension, mime_type or "application/octet-stream"),
-                                 duration_s=round(samples.shape[0] / 24000, 3), consent=consent,
-                                 path=os.path.join(folder, "clip"))
-            with open(os.path.join(staging, "clip"), "wb") as f:
-                f.write(audio)
-            with open(os.path.join(staging, "meta.json"), "w", encoding="utf-8") as f:
-                json.dump(record.to_json(), f)
-            if os.path.isdir(folder):
-                shutil.rmtree(folder)
-            os.rename(staging, folder)
-            self._voices[key] = record
-            self._remember((key, created), samples)
-            return record
-
+    # --- reads (non-blocking: fine on the event loop) ----------------------------------------------------------
     def get(self, name: str) -> VoiceRecord | None:
+        """Snapshot of the voice called `name` (case-insensitive), or None."""
+        if not isinstance(name, str) or not name.isascii():
+            return None
         with self._lock:
             return self._voices.get(name.lower())
 
-    def samples(self, record: VoiceRecord) -> np.ndarray:
-        """24 kHz samples of a snapshot (cached; decoded from the snapshot's file otherwise)."""
-        key = (record.name.lower(), record.created_at)
+    def list(self) -> list[VoiceRecord]:
+        """All voices, sorted by name (case-insensitively)."""
         with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        try:
-            with open(record.path, "rb") as f:
-                samples = decode_clip(f.read())
-        except OSError:
-            raise VoiceError(f"voice '{record.name}' was deleted", 404, "voice") from None
-        with self._lock:
-            self._remember(key, samples)
-        return samples
+            records = list(self._voices.values())
+        return sorted(records, key=lambda r: (r.key, r.name))
 
-    def _remember(self, key: tuple[str, float], samples: np.ndarray) -> None:
-        self._cache[key] = samples
-        while sum(s.nbytes for s in self._cache.values()) > self.cache_bytes and len(self._cache) > 1:
-            self._cache.popitem(last=False)
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._voices)
+
+    # --- blocking operations (call in an executor) ---------------------------------------------------------------
+    def add(self, name: str, audio_bytes: bytes, filename: str | None, mime_type: str | None, ref_text: str | None,
+            consent: str | None) -> VoiceRecord:
+        """Validate and store a clip, replacing a voice of the same name (case-insensitive). Blocking."""
+        self.validate_name(name)
+        audio_bytes = bytes(audio_bytes)
+        if len(audio_bytes) > self.max_bytes:
+            raise VoiceError(f"audio_sample is larger than the {self.max_bytes}-byte limit "
+                             f"({self.max_bytes / 2**20:g} MiB)", 413)
+        if not audio_bytes:
+            raise VoiceError("audio_sample is empty (0 bytes)")
+        _check_type(filename, mime_type)
+        if ref_text is not None:
+            if not isinstance(ref_text, str):
+                raise VoiceError("ref_text must be a string", 400, "ref_text")
+            ref_text = ref_text.strip() or None
+        if consent is not None and not isinstance(consent, str):
+            raise VoiceError("consent must be a string", 400, "consent")
+        try:
+            clip = decode_reference(audio_bytes, min_seconds=self.min_seconds, max_seconds=self.max_seconds,
+                                    label="audio_sample")
+        except RefAudioError as e:
+            raise VoiceError(str(e), e.status) from None
+        if clip.format not in _CONTAINERS:
+            raise VoiceError(f"audio_sample is {clip.format} audio; upload wav, flac, ogg or mp3", 415)
+        extension, canonical_mime = _CONTAINERS[clip.format]
+        samples = clip.samples
+        samples.flags.writeable = False
+        key = name.lower()
+        folder = os.path.join(self.root, key)
+        with self._write_lock:
+            with self._lock:
+                previous = self._voices.get(key)
+                if previous is None and len(self._voices) >= self.max_voices:
+                    raise VoiceError(f"voice limit reached ({self.max_voices} uploaded voices); delete one first",
+                                     409, "name")
+                created = max(time.time(), self._last_created + 1e-6, math.nextafter(self._last_created, math.inf))
+                self._last_created = created
+            clip_file = f"clip-{time.time_ns():x}-{uuid.uuid4().hex[:8]}{extension}"
+            record = VoiceRecord(name=name, ref_text=ref_text, created_at=created, file_size=len(audio_bytes),
+                                 mime_type=canonical_mime, duration_s=round(clip.duration_s, 3), consent=consent,
+                                 sample_rate=clip.source_rate, path=os.path.join(folder, clip_file))
+            meta = dict(record.to_json(), sample_rate=record.sample_rate, file=clip_file, format=clip.format,
+                        subtype=clip.subtype, version=1)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                _write_atomic(record.path, audio_bytes)
+                _write_atomic(os.path.join(folder, META), json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+                _fsync_dir(folder)
+            except OSError as e:
+                try:
+                    os.unlink(record.path)
+                except OSError:
+                    pass
+                logger.error("voices: could not store voice %r: %s", name, e)
+                raise VoiceError(f"could not store voice '{name}': {e.strerror or e}", 500, None) from None
+            with self._lock:
+                self._voices[key] = record
+                if previous is not None:
+                    self._forget(previous)
+                self._remember((key, created), samples)
+            if previous is not None:
+                self._retire(previous.path)
+            self._purge_retired()
+        return record
 
     def delete(self, name: str) -> bool:
-        with self._lock:
-            record = self._voices.pop(name.lower(), None)
-            if record is None:
-                return False
-            shutil.rmtree(os.path.dirname(record.path), ignore_errors=True)
-            return True
+        """Remove the voice called `name` (case-insensitive); False when there is none. Blocking."""
+        if not isinstance(name, str) or not name.isascii():
+            return False
+        key = name.lower()
+        with self._write_lock:
+            with self._lock:
+                record = self._voices.pop(key, None)
+                if record is None:
+                    return False
+                self._forget(record)
+            try:
+                os.unlink(os.path.join(self.root, key, META))
+            except OSError as e:
+                logger.warning("voices: could not remove %s's metadata: %s", record.name, e)
+            self._retire(record.path)   # the clip stays for the grace period: snapshots may still read it
+            self._purge_retired()
+        return True
 
-    def list(self) -> list[VoiceRecord]:
+    def samples(self, record: VoiceRecord) -> np.ndarray:
+        """24 kHz float32 samples of a snapshot: cached, else decoded from its file. Blocking on a cache miss.
+
+        The array is shared with the cache and read-only. `VoiceError` 404 when the snapshot's files are gone
+        (deleted longer than the grace period ago), 500 when the stored clip no longer decodes.
+        """
+        cache_key = (record.key, record.created_at)
         with self._lock:
-            return sorted(self._voices.values(), key=lambda r: r.name.lower())
+            cached = self._cache.get(cache_key)
+            if cached is not None:
+                self._cache.move_to_end(cache_key)
+                return cached
+        try:
+            with open(record.path, "rb") as f:
+                data = f.read()
+        except OSError:
+            raise VoiceError(f"voice '{record.name}' was deleted", 404, "voice") from None
+        try:
+            samples = decode_reference(data, min_seconds=0.0, max_seconds=math.inf, label="stored voice").samples
+        except RefAudioError as e:
+            raise VoiceError(f"voice '{record.name}' could not be decoded: {e}", 500, "voice") from None
+        samples.flags.writeable = False
+        with self._lock:
+            current = self._voices.get(record.key)
+            if current is not None and current.created_at == record.created_at:  # cache current versions only
+                self._remember(cache_key, samples)
+        return samples
+
+    # --- internals -------------------------------------------------------------------------------------------
+    def _remember(self, cache_key: tuple[str, float], samples: np.ndarray) -> None:
+        """Insert into the LRU (caller holds _lock); one entry larger than the budget is kept alone."""
+        old = self._cache.pop(cache_key, None)
+        if old is not None:
+            self._cached_bytes -= old.nbytes
+        self._cache[cache_key] = samples
+        self._cached_bytes += samples.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted.nbytes
+
+    def _forget(self, record: VoiceRecord) -> None:
+        evicted = self._cache.pop((record.key, record.created_at), None)
+        if evicted is not None:
+            self._cached_bytes -= evicted.nbytes
+
+    def _retire(self, path: str) -> None:
+        self._retired.append((time.monotonic() + self.retire_grace_s, path))
+
+    def _purge_retired(self) -> None:
+        """Delete retired clips past their grace period (caller holds _write_lock)."""
+        now, keep = time.monotonic(), []
+        for deadline, path in self._retired:
+            if deadline > now:
+                keep.append((deadline, path))
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                logger.warning("voices: could not remove old clip %s: %s", path, e)
+            folder = os.path.dirname(path)
+            with self._lock:
+                live = os.path.basename(folder) in self._voices
+            if not live:
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+        self._retired = keep
+
+    def purge(self) -> None:
+        """Delete retired clips whose grace period is over now (add and delete do this too). Blocking."""
+        with self._write_lock:
+            self._purge_retired()
+
+    def cache_info(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._cache), "bytes": self._cached_bytes, "limit_bytes": self.cache_bytes}
