@@ -143,7 +143,7 @@ class VoiceStore:
         self.min_seconds, self.max_seconds, self.retire_grace_s = min_seconds, max_seconds, retire_grace_s
         os.makedirs(self.root, exist_ok=True)
         self._lock = threading.Lock()          # in-memory state: _voices, _cache, _last_created
-        self._write_lock = threading.Lock()    # disk mutations (add / delete / purge), taken before _lock
+        self._write_lock = threading.Lock()    # disk mutations (add / delete), taken before _lock
         self._voices: dict[str, VoiceRecord] = {}
         self._cache: collections.OrderedDict[tuple[str, float], np.ndarray] = collections.OrderedDict()
         self._cached_bytes = 0
@@ -403,11 +403,6 @@ class VoiceStore:
                 except OSError:
                     pass
         self._retired = keep
-
-    def purge(self) -> None:
-        """Delete retired clips whose grace period is over now (add and delete do this too). Blocking."""
-        with self._write_lock:
-            self._purge_retired()
 
     def cache_info(self) -> dict:
         with self._lock:

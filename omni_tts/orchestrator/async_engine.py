@@ -40,7 +40,6 @@ from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, R
                                       StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
 logger = logging.getLogger(__name__)
-STAGES = ("talker", "code2wav")
 
 
 class StageDeadError(RuntimeError):

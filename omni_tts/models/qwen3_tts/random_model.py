@@ -24,7 +24,6 @@ from .text_tokenizer import write_text_tokenizer_files
 
 PRESETS = ("tiny", "small", "0.6b", "1.7b")
 VARIANTS = ("custom_voice", "voice_design", "base")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 TOP_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671, tts_bos_token_id=151672,
                tts_eos_token_id=151673, assistant_token_id=77091)
