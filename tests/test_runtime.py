@@ -54,7 +54,7 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant):
     offline = [tts.synthesize([r])[0] for r in requests]
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / variant), load_stage_config("cpu_tiny"), torch_threads=1) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / variant), load_stage_config("cpu_tiny")) as engine:
             for initial in (1, 2, 25):
                 results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
                 for (audio, usage, chunks), expected in zip(results, offline):
@@ -72,8 +72,7 @@ def test_24_concurrent_requests_each_get_their_own_audio():
     offline = tts.synthesize(requests)  # a batch gives each request what it gives alone (test_synthesize)
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
-                                  torch_threads=1) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}", output_dtype="int16")
                                              for i, r in enumerate(requests)))
             for (audio, usage, _), expected in zip(results, offline):
@@ -95,8 +94,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
     cancelled = {1, 4, 8, 13, 17}
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
-                                  torch_threads=1) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             tasks = [asyncio.create_task(collect(engine, r, request_id=f"req-{i}")) for i, r in enumerate(requests)]
             await asyncio.sleep(0.5)
             for i in cancelled:
@@ -116,7 +114,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
 
 def test_killed_code2wav_fails_in_flight_requests_fast_and_shuts_down_clean():
     async def main():
-        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), torch_threads=1)
+        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
         await engine.start()
         pids = engine.stage_pids()
         assert our_segments() and engine.is_healthy
@@ -140,8 +138,7 @@ def test_killed_code2wav_fails_in_flight_requests_fast_and_shuts_down_clean():
 
 def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
-                                  torch_threads=1) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
             with pytest.raises(RequestError, match="initial_codec_chunk_frames"):

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import msgspec
@@ -11,11 +12,13 @@ from omni_tts.config import (
     PipelineConfig,
     StageConfigError,
     TalkerStageConfig,
+    available_cpus,
     available_stage_configs,
     default_stage_config_path,
     load_stage_config,
     parse_stage_config,
     stage_config_from_dict,
+    stage_threads,
 )
 
 SHIPPED = ["cpu_small", "cpu_tiny", "qwen3_tts_1gpu", "qwen3_tts_2gpu"]
@@ -141,7 +144,7 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
 
 @pytest.mark.parametrize("text,message", [
     (minimal("colour: red"), "stages.talker.colour: unknown key; allowed keys: device, dtype, max_batch_size, "
-                             "max_model_len, kv_cache_tokens, max_prefill_tokens_per_step, max_text_tokens"),
+                             "max_model_len, kv_cache_tokens, max_prefill_tokens_per_step, max_text_tokens, threads"),
     (MINIMAL + "  vocoder: {device: cpu}\n", "stages.vocoder: unknown key; allowed keys: talker, code2wav"),
     (MINIMAL + "connector: {chunk_frames: 4}\n",
      "connector.chunk_frames: unknown key; allowed keys: initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
@@ -201,3 +204,25 @@ def test_direct_construction_runs_cross_field_checks():
         TalkerStageConfig(device="cpu", max_model_len=64, kv_cache_tokens=63)
     with pytest.raises(ValueError, match="^codec_chunk_frames: must be <= ring_slot_frames"):
         ConnectorConfig(codec_chunk_frames=65)
+
+
+@pytest.mark.parametrize("cpus,talker,code2wav,expected", [
+    (1, "", "", {"talker": 1, "code2wav": 1}),
+    (2, "", "", {"talker": 1, "code2wav": 1}),       # the API runs beside the stages (they sit at niceness 5)
+    (4, "", "", {"talker": 1, "code2wav": 2}),       # one core kept for the API, the odd one to code2wav
+    (16, "", "", {"talker": 7, "code2wav": 8}),
+    (16, "threads: 3", "", {"talker": 3, "code2wav": 12}),
+    (16, "threads: 3", "threads: 5", {"talker": 3, "code2wav": 5}),
+    (16, "device: cuda", "", {"talker": 1, "code2wav": 15}),
+    (16, "device: cuda", "device: cuda", {"talker": 1, "code2wav": 1}),
+])
+def test_thread_budget(cpus, talker, code2wav, expected):
+    def stage(extra):
+        return "{" + ", ".join(p for p in ("device: cpu" if "device" not in extra else "", extra) if p) + "}"
+    cfg = parse_stage_config(f"stages:\n  talker: {stage(talker)}\n  code2wav: {stage(code2wav)}\n", SRC)
+    assert stage_threads(cfg, cpus) == expected
+
+
+def test_thread_budget_reads_affinity():
+    assert available_cpus() == len(os.sched_getaffinity(0))
+    assert sum(stage_threads(parse_stage_config(MINIMAL, SRC)).values()) <= max(2, available_cpus())

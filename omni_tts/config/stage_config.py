@@ -59,6 +59,7 @@ class TalkerStageConfig(_Config):
     kv_cache_tokens: PositiveInt | None = None
     max_prefill_tokens_per_step: PositiveInt = 512  # prompt rows prefilled per step, interleaved with decode
     max_text_tokens: PositiveInt = 1024  # longest input text accepted, in text tokens
+    threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
 
     def __post_init__(self) -> None:
         # messages start with "field: " so the loader can name stages.talker.<field>
@@ -80,6 +81,9 @@ class Code2WavStageConfig(_Config):
     device: Device
     dtype: DType = "float32"
     max_batch_size: PositiveInt = 32  # requests whose chunks decode together in one step
+    # codec frames decoded in one call (summed over the batch); None = measured for the device at start-up
+    max_frames_per_step: PositiveInt | None = None
+    threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
 
 
 class StagesConfig(_Config):

@@ -66,7 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     from aiohttp import web
 
-    from omni_tts.config import load_stage_config
+    from omni_tts.config import load_stage_config, set_torch_threads
     from omni_tts.entrypoints.server import ServerConfig, build_app
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
@@ -82,11 +82,14 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    app = build_app(AsyncTTSEngine(model_dir, pipeline), ServerConfig(
+    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    engine = AsyncTTSEngine(model_dir, pipeline)
+    app = build_app(engine, ServerConfig(
         served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path))
     logging.getLogger("omni_tts").setLevel(logging.INFO)
-    print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port}", file=sys.stderr)
+    print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
+          f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
     return 0
 

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig
+from omni_tts.config import PipelineConfig, stage_threads
 from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
@@ -85,10 +85,10 @@ class _Stage:
 
 
 class AsyncTTSEngine:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
-                 torch_threads: int = 0) -> None:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0) -> None:
         self.model_dir, self.pipeline = model_dir, pipeline
-        self.startup_timeout, self.torch_threads = startup_timeout, torch_threads
+        self.startup_timeout = startup_timeout
+        self.threads = stage_threads(pipeline)
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
         self.generation_config = read_json(gen_path) if os.path.isfile(gen_path) else {}
@@ -137,7 +137,7 @@ class AsyncTTSEngine:
                                                  else cfg.max_batch_size),
                                  command_address=address, event_address=event_address, ring=self._ring.spec,
                                  initial_chunk_frames=conn.initial_codec_chunk_frames,
-                                 chunk_frames=conn.codec_chunk_frames, threads=self.torch_threads,
+                                 chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
                                  **({"max_model_len": cfg.max_model_len,
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens} if name == "talker" else {}))

@@ -10,6 +10,8 @@ from typing import Callable
 import msgspec
 import zmq
 
+from omni_tts.config.threads import set_torch_threads
+
 from .protocol import StageCommand, StageEvent, StageFailed, StageLaunch
 
 _command_decoder = msgspec.msgpack.Decoder(StageCommand)
@@ -63,9 +65,7 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     if launch.device == "cpu":
         # compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds
         os.nice(CPU_STAGE_NICENESS)
-    if launch.threads:
-        import torch
-        torch.set_num_threads(launch.threads)
+    set_torch_threads(launch.threads)
     try:
         main(launch)
         # exit without interpreter teardown: the control thread is blocked in zmq recv, and terminating its

@@ -99,4 +99,4 @@ class StageLaunch(msgspec.Struct):
     max_model_len: int = 2048
     max_prefill_tokens_per_step: int = 512
     max_text_tokens: int = 1024
-    threads: int = 0                 # torch CPU threads (0 = torch default)
+    threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
