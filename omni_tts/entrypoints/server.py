@@ -91,7 +91,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
     body = await request.read()
     speech = decode_speech_request(body)
-    synthesis = await build_synthesis_request(state, speech)
+    synthesis, voice_key = await build_synthesis_request(state, speech)
     if speech.streaming and speech.response_format not in streamable_formats():
         raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
                             f"{', '.join(streamable_formats())} or a non-streaming request", "response_format")
@@ -109,7 +109,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state.metrics.queue_depth.inc()
     waiting = True
     stream = state.engine.generate(synthesis, output_dtype="float32",
-                                   initial_chunk_frames=speech.initial_codec_chunk_frames)
+                                   initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key)
     try:
         try:
             first = await anext(stream)
@@ -144,7 +144,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             state.metrics.queue_depth.dec()
 
 
-async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> SynthesisRequest:
+async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> tuple[SynthesisRequest, str | None]:
+    """The engine request, and the uploaded voice's version key when ref_audio comes from one."""
     engine = state.engine
     model_type = engine.config.tts_model_type
     if speech.model != state.config.served_model_name:
@@ -154,7 +155,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
         raise ApiError(400, "input must not be empty", "input")
     if speech.instructions and model_type == "custom_voice" and engine.config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
-    voice, ref_audio, ref_text = speech.voice_name, None, speech.ref_text
+    voice, ref_audio, ref_text, voice_key = speech.voice_name, None, speech.ref_text, None
     x_vector_only = speech.x_vector_only_mode
     if model_type == "base":
         if speech.ref_audio is not None and voice is not None:
@@ -174,6 +175,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
                 ref_audio = (await state.run(state.voices.samples, record), SAMPLE_RATE)
             except VoiceError as e:
                 raise ApiError(e.status, str(e), "voice") from None
+            voice_key = record.version_key
             if ref_text is None:
                 ref_text = record.ref_text
             x_vector_only = x_vector_only or not ref_text
@@ -186,7 +188,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
         raise ApiError(400, f"voice is required; available: {', '.join(engine.prompts.speakers)}", "voice")
     if speech.ref_audio is not None and model_type != "base":
         raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
-    return SynthesisRequest(
+    synthesis = SynthesisRequest(
         text=speech.input, task_type=speech.task_type, voice=voice, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
@@ -195,6 +197,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
                                 subtalker_temperature=speech.subtalker_temperature,
                                 subtalker_top_k=speech.subtalker_top_k, subtalker_top_p=speech.subtalker_top_p,
                                 max_new_tokens=speech.max_new_tokens, seed=speech.seed))
+    return synthesis, voice_key
 
 
 async def _rest(first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:

@@ -83,6 +83,11 @@ class VoiceRecord:
     def key(self) -> str:
         return self.name.lower()
 
+    @property
+    def version_key(self) -> str:
+        """Names this version's clip for caches of what is derived from it (the talker's voice features)."""
+        return f"{self.key}@{self.created_at!r}"
+
     def to_json(self) -> dict:
         """The API view: {name, ref_text, created_at, file_size, mime_type, duration_s, consent}."""
         return {"name": self.name, "ref_text": self.ref_text, "created_at": self.created_at,

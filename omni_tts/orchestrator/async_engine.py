@@ -188,11 +188,13 @@ class AsyncTTSEngine:
 
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                       output_dtype: str = "float32",
-                       initial_chunk_frames: int | None = None) -> AsyncIterator[GenerationChunk]:
+                       output_dtype: str = "float32", initial_chunk_frames: int | None = None,
+                       voice_key: str | None = None) -> AsyncIterator[GenerationChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish. Closing or cancelling the iterator aborts the request everywhere.
-        initial_chunk_frames overrides the connector's first-chunk size for this request."""
+        initial_chunk_frames overrides the connector's first-chunk size for this request. voice_key names the
+        immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
+        features under it, so the same key must never stand for other audio."""
         if output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {output_dtype!r}")
         limit = self.pipeline.connector.ring_slot_frames
@@ -221,7 +223,7 @@ class AsyncTTSEngine:
                 ref_text_ids=prompt.ref_text_ids, ref_audio=ref_audio,
                 sampling=sampling,
                 max_tokens=token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
-                initial_chunk_frames=initial_chunk_frames)))
+                initial_chunk_frames=initial_chunk_frames, voice_key=voice_key if ref_audio is not None else None)))
             while True:
                 item = state.queue.get_nowait() if not state.queue.empty() else await state.queue.get()
                 if isinstance(item, BaseException):

@@ -22,6 +22,7 @@ class AddRequest(msgspec.Struct, tag=True):
     sampling: ResolvedSampling       # a dataclass: msgspec encodes and decodes it as is
     max_tokens: int
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
+    voice_key: str | None = None     # an uploaded voice's version (VoiceRecord.version_key): its features are cached
 
 
 class Register(msgspec.Struct, tag=True):

@@ -1,4 +1,6 @@
-"""Stage 0 process: control messages → talker engine steps → frame chunks into the shared-memory ring."""
+"""Stage 0 process: control messages → talker engine steps → frame chunks into the shared-memory ring.
+
+Base voice features are computed beside the loop (voice_features.py); the loop alone touches the engine."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,7 @@ from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt
 
 from .common import StageIO, run_stage
 from .protocol import Abort, AddRequest, GetStats, Ready, Shutdown, StageLaunch, StageStats, TalkerDone
+from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatureWorker
 
 
 class TalkerStage:
@@ -28,6 +31,8 @@ class TalkerStage:
         self.writer = ChunkWriter(launch.ring)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
+        self.voice_cache = VoiceFeatureCache()
+        self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
         self.chunkers: dict[str, FrameChunker] = {}
         self.seq: dict[str, int] = {}
         self.prompt_rows: dict[str, int] = {}
@@ -39,13 +44,21 @@ class TalkerStage:
         self.io.send(Ready("talker", os.getpid()))
         while True:
             with self.condition:
-                self.condition.wait_for(lambda: self.io.inbox or self.engine.has_work())
+                self.condition.wait_for(lambda: self.io.inbox or self.voice_features.has_finished()
+                                        or self.engine.has_work())
             for message in self.io.take_commands():
                 if isinstance(message, Shutdown):
+                    self.voice_features.close()
                     self.writer.close()
                     self.io.close()
                     return
                 self._handle(message)
+            for job in self.voice_features.take_finished():
+                if job.error is not None:
+                    self.io.send(TalkerDone(job.request.request_id, 0, "error", error=job.error))
+                else:
+                    job.features.apply(job.prompt)
+                    self._add(job.request, job.prompt)
             if self.engine.has_work():
                 started = time.perf_counter()
                 outputs = self.engine.step()
@@ -55,24 +68,38 @@ class TalkerStage:
 
     def _handle(self, message: object) -> None:
         if isinstance(message, AddRequest):
-            try:
-                self._add(message)
-            except Exception as e:  # a bad request fails alone, the stage keeps serving
-                self.io.send(TalkerDone(message.request_id, 0, "error", error=f"{type(e).__name__}: {e}"))
+            self._on_add_request(message)
         elif isinstance(message, Abort):
+            self.voice_features.cancel(message.request_id)
             self.engine.abort(message.request_id)
             self._forget(message.request_id)
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
             self.io.send(StageStats("talker", stats.request_ids, stats.steps, time.process_time(), self.step_seconds))
 
-    @torch.inference_mode()
-    def _add(self, m: AddRequest) -> None:
+    def _on_add_request(self, m: AddRequest) -> None:
+        """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         prompt = TalkerPrompt(role_ids=m.role_ids, text_ids=m.text_ids, instruct_ids=m.instruct_ids,
                               language_id=m.language_id, speaker_id=m.speaker_id, non_streaming=m.non_streaming,
                               ref_text_ids=m.ref_text_ids)
         if m.ref_audio is not None:
-            self.tts.add_voice_features(prompt, (np.frombuffer(m.ref_audio, dtype=np.float32).copy(), 24000))
+            cached = self.voice_cache.get(m.voice_key, icl=prompt.ref_text_ids is not None)
+            if cached is None:
+                self.voice_features.submit(FeatureJob(m, prompt))
+                return
+            cached.apply(prompt)
+        self._add(m, prompt)
+
+    def _add(self, m: AddRequest, prompt: TalkerPrompt) -> None:
+        try:
+            self._admit(m, prompt)
+        except Exception as e:  # a bad request fails alone, the stage keeps serving
+            self.io.send(TalkerDone(m.request_id, 0, "error", error=f"{type(e).__name__}: {e}"))
+
+    @torch.inference_mode()
+    def _admit(self, m: AddRequest, prompt: TalkerPrompt) -> None:
+        """Embed the prompt (voice features filled in), queue it in the engine, and put any ICL context chunk
+        into the ring: before the request's first frame, which only a later step makes."""
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, m.max_tokens))
         initial = m.initial_chunk_frames or self.launch.initial_chunk_frames

@@ -1,0 +1,352 @@
+"""Base voice features beside the talker's step loop (stages/voice_features.py): exactness, one computation per
+identical clip in a batch, the per-voice cache, cancellation, errors, and a real TalkerStage whose running streams
+keep their pace while a request with a 10 s reference clip is admitted."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from conftest import FIXTURES
+from omni_tts.config import load_stage_config
+from omni_tts.connectors.shm_ring import ChunkReader, RingOwner
+from omni_tts.models.qwen3_tts.audio import load_audio_24k
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest, TalkerPrompt
+from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.stages.protocol import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
+                                      TalkerDone)
+from omni_tts.stages.talker_stage import TalkerStage
+from omni_tts.stages.voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
+
+TINY_BASE = FIXTURES / "tiny-base"
+REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
+CLIP = load_audio_24k(str(FIXTURES / "ref_voice.wav")).astype(np.float32)          # 3.4 s
+LONG_CLIP, LONG_TEXT = np.tile(CLIP, 3), " ".join([REF_TEXT] * 3)                   # 10.3 s
+LONG_INPUT = "A long sentence to keep the stream going for a while, with a pause or two, and then some more words."
+
+
+@pytest.fixture(scope="module")
+def tts() -> Qwen3TTS:
+    return Qwen3TTS(str(TINY_BASE), with_decoder=False)
+
+
+def add_request(tts: Qwen3TTS, rid: str, clip: np.ndarray | None = CLIP, ref_text: str | None = None,
+                voice_key: str | None = None, text: str = "Hello there.", max_tokens: int = 40,
+                temperature: float = 0.9, seed: int = 1) -> AddRequest:
+    request = SynthesisRequest(text=text, language="english", ref_audio=(CLIP, 24000), ref_text=ref_text,
+                               x_vector_only=ref_text is None,
+                               sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_tokens))
+    p = tts.prompts.tokenize(request)
+    return AddRequest(request_id=rid, role_ids=p.role_ids, text_ids=p.text_ids, instruct_ids=p.instruct_ids,
+                      language_id=p.language_id, speaker_id=p.speaker_id, non_streaming=p.non_streaming,
+                      ref_text_ids=p.ref_text_ids, ref_audio=None if clip is None else clip.tobytes(),
+                      sampling=resolve_sampling(request.sampling, tts.generation_config), max_tokens=max_tokens,
+                      voice_key=voice_key)
+
+
+def job(tts: Qwen3TTS, rid: str, **kwargs) -> FeatureJob:
+    m = add_request(tts, rid, **kwargs)
+    return FeatureJob(m, TalkerPrompt(role_ids=m.role_ids, text_ids=m.text_ids, instruct_ids=m.instruct_ids,
+                                      language_id=m.language_id, speaker_id=m.speaker_id,
+                                      non_streaming=m.non_streaming, ref_text_ids=m.ref_text_ids))
+
+
+class CountingTTS:
+    """The model, counting (and optionally holding back) voice-feature computations."""
+
+    def __init__(self, tts: Qwen3TTS) -> None:
+        self.tts, self.device, self.calls = tts, tts.device, 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def add_voice_features(self, prompt, ref_audio) -> None:
+        self.calls += 1
+        self.gate.wait()
+        self.tts.add_voice_features(prompt, ref_audio)
+
+
+def wait_finished(worker: VoiceFeatureWorker, count: int, timeout: float = 30.0) -> list[FeatureJob]:
+    done, deadline = [], time.monotonic() + timeout
+    while len(done) < count:
+        with worker.condition:
+            worker.condition.wait_for(worker.has_finished, max(0.0, deadline - time.monotonic()))
+        assert time.monotonic() < deadline, f"{len(done)} of {count} jobs finished"
+        done += worker.take_finished()
+    return done
+
+
+@pytest.fixture
+def worker(tts):
+    model = CountingTTS(tts)
+    w = VoiceFeatureWorker(model, threading.Condition(), VoiceFeatureCache(max_entries=2))
+    yield w
+    model.gate.set()
+    w.close()
+
+
+# --- the worker --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ref_text", [None, REF_TEXT], ids=["x_vector", "icl"])
+def test_features_equal_the_inline_computation(tts, worker, ref_text):
+    j = job(tts, "r", ref_text=ref_text)
+    worker.submit(j)
+    [done] = wait_finished(worker, 1)
+    assert done is j and done.error is None and done.prompt.speaker_embedding is None  # the loop applies them
+    done.features.apply(done.prompt)
+    expected = job(tts, "e", ref_text=ref_text).prompt
+    tts.add_voice_features(expected, (CLIP, 24000))
+    assert torch.equal(done.prompt.speaker_embedding, expected.speaker_embedding)
+    assert (done.prompt.ref_codes is None) == (ref_text is None)
+    if ref_text is not None:
+        assert torch.equal(done.prompt.ref_codes, expected.ref_codes)
+
+
+def test_identical_clips_in_one_batch_are_computed_once(tts, worker):
+    jobs = [job(tts, "a"), job(tts, "b", ref_text=REF_TEXT), job(tts, "c", clip=LONG_CLIP)]
+    with worker.condition:  # all queued before the thread can take any: one batch
+        for j in jobs:
+            worker.submit(j)
+    done = wait_finished(worker, 3)
+    assert {d.request.request_id for d in done} == {"a", "b", "c"} and worker.tts.calls == 2
+    a, b, c = jobs
+    assert a.features is b.features and c.features is not a.features
+    for j in jobs:
+        j.features.apply(j.prompt)
+    assert a.prompt.ref_codes is None and b.prompt.ref_codes is not None  # x-vector-only stays x-vector-only
+
+
+def test_cache_is_per_voice_version_and_bounded(tts, worker):
+    cache = worker.cache
+    worker.submit(job(tts, "a", voice_key="fox@1.0"))
+    wait_finished(worker, 1)
+    assert cache.get("fox@1.0", icl=False) is not None
+    assert cache.get("fox@1.0", icl=True) is None              # x-vector only so far: ICL needs the codes
+    assert cache.get("fox@2.0", icl=False) is None             # another version of the voice
+    worker.submit(job(tts, "b", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    wait_finished(worker, 1)
+    icl = cache.get("fox@1.0", icl=True)
+    assert icl is not None and icl.ref_codes is not None
+    worker.submit(job(tts, "c", voice_key="fox@1.0"))           # the worker itself hits the cache
+    wait_finished(worker, 1)
+    assert worker.tts.calls == 2 and cache.get("fox@1.0", icl=True) is icl  # ICL codes are kept
+    features = VoiceFeatures(icl.speaker_embedding, None)
+    cache.put("owl@1.0", features)
+    cache.put("cat@1.0", features)
+    assert cache.get("fox@1.0", icl=False) is None  # least recently used went first
+    assert cache.get("owl@1.0", icl=False) is features and cache.get("cat@1.0", icl=False) is features
+
+
+def test_cancelled_jobs_are_never_handed_back(tts, worker):
+    worker.tts.gate.clear()
+    worker.submit(job(tts, "running"))
+    while worker.tts.calls == 0:
+        time.sleep(0.01)
+    worker.submit(job(tts, "queued"))
+    worker.cancel("running")
+    worker.cancel("queued")
+    worker.submit(job(tts, "after"))
+    worker.tts.gate.set()
+    assert [d.request.request_id for d in wait_finished(worker, 1)] == ["after"]
+    time.sleep(0.1)
+    with worker.condition:
+        assert not worker.has_finished() and not worker._live
+    assert worker.tts.calls == 2  # "queued" was dropped before it ran
+
+
+def test_a_bad_clip_fails_alone(tts, worker):
+    bad, good = job(tts, "bad", clip=CLIP[:100]), job(tts, "good", clip=LONG_CLIP)
+    with worker.condition:
+        worker.submit(bad)
+        worker.submit(good)
+    wait_finished(worker, 2)
+    assert "too short" in bad.error and bad.features is None and good.error is None and good.features is not None
+
+
+# --- a real TalkerStage in this process --------------------------------------------------------------------------
+@dataclass
+class StepLog:
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    frames: list[int] = field(default_factory=list)   # frames the step made (one per running stream)
+
+
+class StageHarness:
+    """TalkerStage.run() on a thread, with its real sockets and ring; records every engine step's start and end."""
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # as a CPU stage runs
+        self.ring = RingOwner.create(64, 25)
+        self.dir = tempfile.mkdtemp(prefix="vf_")
+        self.ctx = zmq.Context()
+        self.events = self.ctx.socket(zmq.PULL)
+        self.events.bind(f"ipc://{self.dir}/events")
+        launch = StageLaunch(stage="talker", model_dir=str(TINY_BASE), device="cpu", dtype="float32",
+                             max_batch_size=8, command_address=f"ipc://{self.dir}/talker",
+                             event_address=f"ipc://{self.dir}/events", ring=self.ring.spec)
+        self.reader = ChunkReader(self.ring.spec)
+        self.reader.start()
+        self.stage = TalkerStage(launch)
+        self.log = StepLog()
+        step = self.stage.engine.step
+
+        def timed_step():
+            self.log.starts.append(time.perf_counter())
+            outputs = step()
+            self.log.frames.append(sum(out.frame is not None for out in outputs))
+            self.log.ends.append(time.perf_counter())
+            return outputs
+
+        self.stage.engine.step = timed_step
+        self.chunks: list[tuple[str, int, bool, bool]] = []   # (request id, seq, is_context, is_last) as they come
+        self.other_events: list = []
+        threading.Thread(target=self._read_ring, daemon=True).start()
+        self.thread = threading.Thread(target=self.stage.run, daemon=True)
+        self.thread.start()
+        self.commands = self.ctx.socket(zmq.PUSH)
+        self.commands.connect(launch.command_address)
+        self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(StageEvent)
+        self.next_event(StageEvent)  # Ready
+
+    def _read_ring(self) -> None:
+        while (chunk := self.reader.get()) is not None:
+            self.chunks.append((chunk.request_id, chunk.seq, chunk.is_context, chunk.is_last))
+            self.reader.release(chunk)
+
+    def send(self, message) -> None:
+        self.commands.send(self.encoder.encode(message))
+
+    def next_event(self, kind: type, timeout: float = 30.0):
+        """The next event of `kind`; others are kept in `other_events`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.events.poll(max(0.0, deadline - time.monotonic()) * 1000), f"no {kind} within {timeout} s"
+            event = self.decoder.decode(self.events.recv())
+            if isinstance(event, kind):
+                return event
+            self.other_events.append(event)
+
+    def received(self, request_id: str) -> list[tuple[int, bool, bool]]:
+        return [(seq, ctx, last) for rid, seq, ctx, last in self.chunks if rid == request_id]
+
+    def stats(self) -> StageStats:
+        self.send(GetStats())
+        return self.next_event(StageStats)
+
+    def close(self) -> None:
+        self.send(Shutdown())
+        self.thread.join(10)
+        self.reader.close()
+        self.ctx.destroy(linger=0)
+        self.ring.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        torch.set_num_threads(self.threads_before)
+
+
+@pytest.fixture
+def stage():
+    harness = StageHarness()
+    yield harness
+    harness.close()
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_stage_admission_does_not_stall_running_streams(tts, stage):
+    """While Base streams run, a request with a 10 s ICL reference clip is admitted: no gap between steps grows
+    past one median step (inline, the features' whole time would sit in one such gap)."""
+    for i in range(6):  # sampled: some end early, enough run on
+        stage.send(add_request(tts, f"run{i}", voice_key=f"v{i}", text=LONG_INPUT, max_tokens=2000, seed=i))
+    wait_until(lambda: all(stage.received(f"run{i}") for i in range(6)))
+    warm = len(stage.log.ends)
+    wait_until(lambda: len(stage.log.ends) >= warm + 20)
+    before = len(stage.log.ends)
+    submitted = time.perf_counter()
+    stage.send(add_request(tts, "new", clip=LONG_CLIP, ref_text=LONG_TEXT, text=LONG_INPUT, max_tokens=2000))
+    wait_until(lambda: stage.received("new"))
+    admitted = time.perf_counter()
+    wait_until(lambda: stage.log.ends[-1] > admitted + 0.05)
+    n = len(stage.log.ends)
+    starts, ends = np.array(stage.log.starts[:n]), np.array(stage.log.ends)
+    durations = ends - starts
+    median_step = float(np.median(durations[warm:before]))
+    window = (starts[1:] > submitted) & (ends[:-1] < admitted)
+    gaps = starts[1:][window] - ends[:-1][window]
+    intervals = np.diff(starts)[window]
+    assert min(np.array(stage.log.frames[1:n])[window]) >= 2, "too few streams ran through the admission"
+    print(f"\nmedian step {median_step * 1e3:.2f} ms; during the {(admitted - submitted) * 1e3:.0f} ms admission "
+          f"({window.sum()} steps): max gap between steps {gaps.max() * 1e3:.2f} ms, "
+          f"max step-to-step interval {intervals.max() * 1e3:.2f} ms")
+    assert admitted - submitted > 2 * median_step, "the features took too little time to show anything"
+    assert gaps.max() <= median_step
+
+
+def test_stage_icl_context_precedes_frames_and_cached_voice_skips_worker(tts, stage, monkeypatch):
+    stage.send(add_request(tts, "a", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    assert stage.next_event(TalkerDone).error is None
+    calls = []
+    monkeypatch.setattr(stage.stage.voice_features, "submit", calls.append)
+    stage.send(add_request(tts, "b", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    assert stage.next_event(TalkerDone).request_id == "b" and calls == []
+    for rid in ("a", "b"):
+        wait_until(lambda: any(last for _, _, last in stage.received(rid)))
+        chunks = stage.received(rid)
+        assert [seq for seq, _, _ in chunks] == list(range(len(chunks)))
+        contexts = [ctx for _, ctx, _ in chunks]
+        assert contexts[0] and not contexts[-1] and contexts == sorted(contexts, reverse=True)  # context, then frames
+
+
+def test_stage_abort_while_in_worker_and_error_fail_alone(tts, stage):
+    stage.stage.voice_features.tts = gated = CountingTTS(tts)
+    gated.gate.clear()
+    stage.send(add_request(tts, "aborted", clip=LONG_CLIP))
+    wait_until(lambda: gated.calls == 1)
+    stage.send(Abort("aborted"))
+    stage.send(add_request(tts, "bad", clip=CLIP[:100]))
+    stage.send(add_request(tts, "good"))
+    wait_until(lambda: "aborted" not in stage.stage.voice_features._live)
+    gated.gate.set()
+    done = {}
+    while len(done) < 2:
+        event = stage.next_event(TalkerDone)
+        done[event.request_id] = event
+    assert "too short" in done["bad"].error and done["good"].error is None
+    time.sleep(0.2)
+    assert "aborted" not in stage.stats().request_ids
+    assert not stage.received("aborted") and not stage.other_events
+
+
+# --- through the orchestrator ------------------------------------------------------------------------------------
+def test_cached_voice_gives_the_offline_audio():
+    """A voice key's first use (worker) and later uses (cache; ICL entry serving an x-vector-only request too)
+    all equal offline synthesis."""
+    def request(x_vector_only: bool) -> SynthesisRequest:
+        return SynthesisRequest(text="Clone me.", language="english", ref_audio=(CLIP, 24000), ref_text=REF_TEXT,
+                                x_vector_only=x_vector_only, sampling=SamplingParams(temperature=0, max_new_tokens=30))
+
+    offline = Qwen3TTS.from_pretrained(str(TINY_BASE))
+    expected = {x: offline.synthesize([request(x)])[0].audio for x in (False, True)}
+
+    async def main() -> None:
+        async with AsyncTTSEngine(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
+            for x_vector_only in (False, False, True):
+                chunks = [c async for c in engine.generate(request(x_vector_only), voice_key="fox@1.0")]
+                audio = np.concatenate([c.audio for c in chunks])
+                np.testing.assert_allclose(audio, expected[x_vector_only], atol=1e-5, rtol=0)
+
+    asyncio.run(main())
