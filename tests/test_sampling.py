@@ -6,7 +6,7 @@ from conftest import FIXTURES
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.models.qwen3_tts.sampling import BatchSampler, SamplingParams, resolve_sampling, warp_and_sample
+from omni_tts.models.qwen3_tts.sampling import BatchSampler, SamplingParams, exponential_noise, resolve_sampling, warp_and_sample
 
 GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
        "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
@@ -56,10 +56,11 @@ def test_talker_processing_order():
 def test_top_k_and_top_p_restrict_the_support():
     torch.manual_seed(0)
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2, 1)
-    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    seeds = torch.tensor([0, 1])
     seen_k, seen_p = set(), set()
-    for _ in range(300):
-        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), gens, True)
+    for step in range(300):
+        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), seeds,
+                              torch.tensor([step, step]), 0, True)
         seen_k.add(ids[0].item())
         seen_p.add(ids[1].item())
     assert seen_k == {0, 1}
@@ -69,12 +70,27 @@ def test_top_k_and_top_p_restrict_the_support():
 
 def test_temperature_zero_rows_are_greedy_in_a_mixed_batch():
     logits = torch.tensor([[1.0, 1.2, 0.9], [1.0, 1.2, 0.9]])
-    gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    picks = {warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens, True)[1].item()
-             for _ in range(200)}
-    assert picks == {0, 1, 2}
-    for _ in range(20):
-        assert warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), gens, True)[0].item() == 1
+    seeds = torch.tensor([0, 1])
+
+    def draw(step):
+        return warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), seeds,
+                               torch.tensor([step, step]), 0, True)
+    assert {draw(step)[1].item() for step in range(200)} == {0, 1, 2}
+    for step in range(20):
+        assert draw(step)[0].item() == 1
+
+
+def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
+    seeds = torch.tensor([7, 7, 2 ** 62 + 5, 7])
+    counters = torch.tensor([3, 3, 3, 4])
+    noise = exponential_noise(seeds, counters, 1, 4096)
+    torch.testing.assert_close(noise[0], noise[1], rtol=0, atol=0)          # same key → same draw, any row
+    assert not torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[3])
+    assert not torch.equal(noise[0], exponential_noise(seeds, counters, 2, 4096)[0])
+    torch.testing.assert_close(noise[:1], exponential_noise(seeds[:1], counters[:1], 1, 4096), rtol=0, atol=0)
+    many = exponential_noise(torch.arange(64), torch.zeros(64, dtype=torch.long), 0, 4096)
+    assert abs(many.mean().item() - 1.0) < 0.02 and abs(many.std().item() - 1.0) < 0.03  # Exp(1): mean = std = 1
+    assert (many > 0).all() and torch.isfinite(many).all()
 
 
 def test_token_limit_rule():

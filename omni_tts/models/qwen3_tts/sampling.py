@@ -2,7 +2,8 @@
 
 Talker order: repetition penalty (generated c0 ids only) → min-new-tokens → suppressed ids → temperature → top-k
 → top-p → sample (argmax when greedy). The code predictor uses only temperature / top-k / top-p.
-Every request owns its torch.Generator, so a batch's composition never changes a seeded request's output.
+Noise is a function of (request seed, token index, vocab id), so a batch's composition never changes a seeded
+request's output.
 """
 from __future__ import annotations
 
@@ -92,13 +93,47 @@ def resolve_sampling(params: SamplingParams, generation_config: dict[str, Any]) 
                             seed=secrets.randbits(63) if params.seed is None else int(params.seed))
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for 0 <= x < 2**32, in int64 without overflow (two 16-bit halves of c)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser: a bijection that spreads every input bit over the output."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def exponential_noise(seeds: torch.Tensor, counters: torch.Tensor, stream: int, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [B, vocab], a pure function of (row's seed, row's counter, stream, vocab id).
+
+    Counter-based, so one call draws for every row of a batch (no per-row generator loop, nothing a CUDA graph
+    cannot capture), and a request's draws never depend on the batch it runs in. seeds: [B] int64 in [0, 2**63);
+    counters: [B] int64 (the row's token index); stream: 0 for the talker, j for codebook j."""
+    key = _mix32(((counters * 16 + stream) & _MASK32))
+    key = _mix32(((seeds >> 32) & _MASK32) ^ key)
+    key = _mix32((seeds & _MASK32) ^ key)
+    ids = _mul32(torch.arange(vocab, device=seeds.device), 0x9E3779B9)
+    bits = _mix32(key[:, None] ^ ids[None])
+    uniform = ((bits >> 8).float() + 0.5) * 2.0 ** -24   # 24 bits, in (0, 1)
+    return -torch.log(uniform)
+
+
 def warp_and_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                    generators: list[torch.Generator], any_sampled: bool) -> torch.Tensor:
-    """logits: [B, V] already penalised/suppressed; per-row temperature/top_k/top_p: [B]. Returns ids [B].
+                    seeds: torch.Tensor, counters: torch.Tensor, stream: int, any_sampled: bool) -> torch.Tensor:
+    """logits: [B, V] already penalised/suppressed; per-row temperature/top_k/top_p/seeds/counters: [B].
+    Returns ids [B].
 
     Rows with temperature 0 take the argmax. `any_sampled` (known on the host from the parameters) skips the
-    sampling work for all-greedy batches. Sampling uses the exponential race (argmax p/q with q ~ Exp(1)),
-    which is exactly categorical sampling and needs no host sync."""
+    sampling work for all-greedy batches; a captured graph passes True (the result is the same). Sampling uses
+    the exponential race (argmax p/q with q ~ Exp(1)), which is exactly categorical sampling and needs no host
+    sync."""
     greedy_ids = logits.argmax(dim=-1)
     if not any_sampled:
         return greedy_ids
@@ -118,14 +153,13 @@ def warp_and_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
     scores = scores.masked_fill(remove, float("-inf"))
     probs = scores.softmax(dim=-1)
-    noise = torch.stack([torch.empty(vocab, device=logits.device).exponential_(generator=g) for g in generators])
-    sampled_ids = (probs / noise).argmax(dim=-1)
+    sampled_ids = (probs / exponential_noise(seeds, counters, stream, vocab)).argmax(dim=-1)
     return torch.where(sampled, sampled_ids, greedy_ids)
 
 
 class BatchSampler:
-    """Per-row sampling state for up to `capacity` requests, rows 0..B-1 active: parameters as device tensors,
-    one generator per request, and the codebook-0 ids each row has generated (for the repetition penalty).
+    """Per-row sampling state for up to `capacity` requests, rows 0..B-1 active: parameters and seeds as device
+    tensors and the codebook-0 ids each row has generated (for the repetition penalty).
 
     Rows are slots: `set_row` when a request joins, `move_row` when the engine compacts after one leaves."""
 
@@ -137,7 +171,7 @@ class BatchSampler:
                  device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.columns = {name: torch.zeros(capacity, dtype=dtype, device=device) for name, dtype in self._COLUMNS.items()}
-        self.generators: list[torch.Generator | None] = [None] * capacity
+        self.seeds = torch.zeros(capacity, dtype=torch.long, device=device)
         self.host_temperature = [0.0] * capacity
         self.host_sub_temperature = [0.0] * capacity
         self.eos_id = eos_id
@@ -160,41 +194,44 @@ class BatchSampler:
     def set_row(self, row: int, params: ResolvedSampling) -> None:
         for name, column in self.columns.items():
             column[row] = getattr(params, name)
-        self.generators[row] = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.seeds[row] = params.seed
         self.host_temperature[row] = params.temperature
         self.host_sub_temperature[row] = params.subtalker_temperature
         self.seen[row] = False
         self.num_generated[row] = 0
 
     def move_row(self, src: int, dst: int) -> None:
-        for column in list(self.columns.values()) + [self.seen, self.num_generated]:
+        for column in list(self.columns.values()) + [self.seen, self.num_generated, self.seeds]:
             column[dst] = column[src]
-        self.generators[dst] = self.generators[src]
         self.host_temperature[dst] = self.host_temperature[src]
         self.host_sub_temperature[dst] = self.host_sub_temperature[src]
 
-    def sample_talker(self, logits: torch.Tensor, rows: slice) -> torch.Tensor:
-        """logits: [B, talker_vocab] for `rows` (B rows) → c0 ids [B] (audio code or EOS), recorded as generated."""
+    def sample_talker(self, logits: torch.Tensor, rows: slice, always_sample: bool = False) -> torch.Tensor:
+        """logits: [B, talker_vocab] for `rows` (B rows) → c0 ids [B] (audio code or EOS), recorded as generated.
+        always_sample: run the sampling path even for an all-greedy batch (a captured graph must not branch on
+        the batch's parameters; greedy rows still take the argmax)."""
         c = {name: column[rows] for name, column in self.columns.items()}
         logits = logits.float()
         penalty = c["repetition_penalty"][:, None]
         penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits = torch.where(self.seen[rows], penalised, logits)
-        too_early = (self.num_generated[rows] < MIN_NEW_TOKENS)[:, None] & self.eos_column
+        num_generated = self.num_generated[rows]
+        too_early = (num_generated < MIN_NEW_TOKENS)[:, None] & self.eos_column
         logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
-        ids = warp_and_sample(logits, c["temperature"], c["top_k"], c["top_p"], self.generators[rows],
-                              any(t > 0 for t in self.host_temperature[rows]))
+        ids = warp_and_sample(logits, c["temperature"], c["top_k"], c["top_p"], self.seeds[rows], num_generated, 0,
+                              always_sample or any(t > 0 for t in self.host_temperature[rows]))
         self.seen[rows].scatter_(1, ids[:, None], True)
         self.num_generated[rows] += 1
         return ids
 
-    def codebook_sampler(self, rows: slice) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The code predictor's draw for codebook j+1 over `rows`: (logits [B, 2048], j) → ids [B]."""
+    def codebook_sampler(self, rows: slice, always_sample: bool = False) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """The code predictor's draw for codebook j+1 over `rows`: (logits [B, 2048], j) → ids [B]. Its token
+        index is the row's c0 count (c0 of this frame included), so no draw shares (counter, stream) with another."""
         c = {name: column[rows] for name, column in self.columns.items()}
-        generators = self.generators[rows]
-        any_sampled = any(t > 0 for t in self.host_sub_temperature[rows])
+        seeds, counters = self.seeds[rows], self.num_generated[rows]
+        any_sampled = always_sample or any(t > 0 for t in self.host_sub_temperature[rows])
 
         def sample(logits: torch.Tensor, j: int) -> torch.Tensor:
             return warp_and_sample(logits.float(), c["subtalker_temperature"], c["subtalker_top_k"],
-                                   c["subtalker_top_p"], generators, any_sampled)
+                                   c["subtalker_top_p"], seeds, counters, j + 1, any_sampled)
         return sample

@@ -120,6 +120,16 @@ class Talker(nn.Module):
         hidden = self.model.run_layers(inputs_embeds, positions, cache, start, mask)[:, -1]
         return hidden, self.codec_head(hidden)
 
+    def prefill(self, inputs_embeds: torch.Tensor, lengths: torch.Tensor, cache: KVCache,
+                key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded prompts at positions 0..lengths[b]-1 of their cache rows. inputs_embeds: [B, L, H];
+        key_valid: [B, L]. Returns (post-norm hidden at each row's last prompt position [B, H], logits)."""
+        b, length = key_valid.shape
+        positions = torch.arange(length, device=lengths.device).expand(b, length)
+        hidden = self.model.run_layers(inputs_embeds, positions, cache, 0, causal_mask(key_valid, 0, length))
+        last = hidden[torch.arange(b, device=lengths.device), lengths - 1]
+        return last, self.codec_head(last)
+
     def decode_step(self, inputs_embeds: torch.Tensor, slots: torch.Tensor, cache: KVCache,
                     num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row at its own slot (= its RoPE position; rows hold unpadded sequences).

@@ -1,0 +1,171 @@
+"""The talker's device side: per-row buffers, batched prefill, and the decode step (eager or CUDA graphs).
+
+Each running request owns one row of preallocated buffers: its KV-cache row, last hidden state, pending c0,
+trailing-text rows (+ the tts_pad row after them), sampling state, and its slice of the step's output. A decode
+step reads and writes only those buffers, so with a fixed number of rows and attention slots it has fixed
+shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in free rows), which
+is what a CUDA graph needs. On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
+all 15 code-predictor steps and sampling — and replayed; on CPU the same static path runs eagerly (tested to give
+the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.layers import KVCache
+from omni_tts.models.qwen3_tts.sampling import BatchSampler
+from omni_tts.models.qwen3_tts.talker import Talker
+
+from .talker_scheduler import RowMove, TalkerRequest
+
+logger = logging.getLogger(__name__)
+
+MIN_SLOT_BUCKET = 256
+
+
+def batch_buckets(max_rows: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to max_rows (padding wastes at most 7 rows of a large batch)."""
+    small = [b for b in (1, 2, 4, 8) if b < max_rows]
+    return small + list(range(16, max_rows, 8)) + [max_rows]
+
+
+def slot_buckets(max_model_len: int) -> list[int]:
+    """Powers of two from MIN_SLOT_BUCKET, capped by max_model_len (attention cost follows the bucket)."""
+    buckets, size = [], MIN_SLOT_BUCKET
+    while size < max_model_len:
+        buckets.append(size)
+        size *= 2
+    return buckets + [max_model_len]
+
+
+def _bucket(buckets: list[int], n: int) -> int:
+    return next(b for b in buckets if b >= n)
+
+
+class TalkerRunner:
+    def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_rows: int, max_model_len: int,
+                 max_trailing: int, static_shapes: bool = False, cuda_graphs: bool = False) -> None:
+        tc = config.talker
+        self.talker, self.config = talker, config
+        self.device, self.dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
+        self.max_rows, self.max_model_len = max_rows, max_model_len
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.static_shapes = static_shapes or self.cuda_graphs
+        self.batch_buckets, self.slot_buckets = batch_buckets(max_rows), slot_buckets(max_model_len)
+        rows, hidden, dev, dt = max_rows, tc.hidden_size, self.device, self.dtype
+        self.cache = KVCache(tc, rows, max_model_len, dev, dt)
+        self.cp_cache = KVCache(tc.code_predictor, rows, tc.num_code_groups, dev, dt)
+        self.hidden = torch.zeros(rows, hidden, device=dev, dtype=dt)
+        self.c0 = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.trailing = torch.zeros(rows, max_trailing + 1, hidden, device=dev, dtype=dt)
+        self.trailing_len = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.row_ids = torch.arange(rows, device=dev)
+        self.tokens = torch.zeros(rows, tc.num_code_groups + 1, dtype=torch.long, device=dev)  # frame + next c0
+        self.sampler = BatchSampler(rows, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, dev)
+        with torch.inference_mode():
+            self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        if self.cuda_graphs:
+            self.capture_graphs()
+
+    # --- prefill --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, requests: list[TalkerRequest], first_row: int) -> None:
+        """Prefill several prompts in one forward (right-padded; padding keys land beyond each row's length,
+        where the first decode steps overwrite them and no mask ever reaches), into rows first_row.., and
+        sample each row's first c0."""
+        k, longest = len(requests), max(r.prompt_len for r in requests)
+        lengths = torch.tensor([r.prompt_len for r in requests], device=self.device)
+        embeds = torch.zeros(k, longest, self.hidden.shape[1], device=self.device, dtype=self.dtype)
+        for i, request in enumerate(requests):
+            embeds[i, :request.prompt_len] = request.prefill
+        key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
+        rows = slice(first_row, first_row + k)
+        hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid)
+        self.hidden[rows] = hidden
+        for i, request in enumerate(requests):
+            row = first_row + i
+            self.sampler.set_row(row, request.sampling)
+            trailing = request.trailing.shape[0]
+            self.trailing[row, :trailing] = request.trailing
+            self.trailing[row, trailing] = self.tts_pad
+            self.trailing_len[row] = trailing
+        self.c0[rows] = self.sampler.sample_talker(logits, rows)
+        self.steps[rows] = 0
+        self.lengths[rows] = lengths
+
+    # --- decode ---------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, num_rows: int, num_slots: int) -> np.ndarray:
+        """One step for rows 0..num_rows-1 attending over num_slots slots; returns their [num_rows, 17] tokens."""
+        if self.static_shapes:
+            key = (_bucket(self.batch_buckets, num_rows), _bucket(self.slot_buckets, num_slots))
+            graph = self.graphs.get(key)
+            if graph is not None:
+                graph.replay()
+            else:
+                self._decode_rows(*key, always_sample=True)
+        else:
+            self._decode_rows(num_rows, num_slots, always_sample=False)
+        # the step's one D2H copy; copied again on the host because on CPU .cpu() is the buffer itself
+        return self.tokens[:num_rows].cpu().numpy().copy()
+
+    def _decode_rows(self, b: int, num_slots: int, always_sample: bool) -> None:
+        """The step body, shape-static in (b, num_slots): code predictor for codebooks 1..15 of every row, the
+        talker fed the whole frame + the row's text, the next c0 sampled; results land in self.tokens."""
+        rows, talker = slice(0, b), self.talker
+        c0 = self.c0[rows]
+        rest = talker.code_predictor.predict(self.hidden[rows], talker.embed_codec(c0), self.cp_cache.rows(0, b),
+                                             self.sampler.codebook_sampler(rows, always_sample))
+        frame = torch.cat((c0[:, None], rest), dim=1)                                 # [B, 16]
+        text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
+        x = talker.embed_frame(frame) + self.trailing[self.row_ids[rows], text_index]  # trailing row or tts_pad
+        # a padding row (a free row of a bucket) keeps counting: clamp so its throw-away key stays in the cache
+        slots = self.lengths[rows].clamp(max=self.max_model_len - 1)
+        hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots)
+        self.hidden[rows] = hidden
+        next_c0 = self.sampler.sample_talker(logits, rows, always_sample)
+        self.c0[rows] = next_c0
+        self.lengths[rows] += 1
+        self.steps[rows] += 1
+        self.tokens[rows, :-1] = frame
+        self.tokens[rows, -1] = next_c0
+
+    def capture_graphs(self) -> None:
+        """One CUDA graph per (rows, slots) bucket, largest first so smaller graphs reuse its memory pool. The
+        warm-up and captured runs touch only free rows (nothing runs yet); their state is reset after."""
+        pool = None
+        with torch.inference_mode():
+            for slots in reversed(self.slot_buckets):
+                for rows in reversed(self.batch_buckets):
+                    side = torch.cuda.Stream(self.device)
+                    side.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces) happens outside capture
+                        self._decode_rows(rows, slots, always_sample=True)
+                    torch.cuda.current_stream(self.device).wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._decode_rows(rows, slots, always_sample=True)
+                    pool = graph.pool()
+                    self.graphs[(rows, slots)] = graph
+            torch.cuda.synchronize(self.device)
+            for buffer in (self.lengths, self.steps, self.trailing_len, self.c0):
+                buffer.zero_()
+        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s)", len(self.graphs), self.batch_buckets,
+                    self.slot_buckets)
+
+    # --- rows -----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def move_rows(self, moves: list[RowMove]) -> None:
+        """Compaction after requests leave: row src's state (and its first `length` cache slots) to row dst."""
+        for move in moves:
+            self.cache.copy_row(move.src, move.dst, move.length)
+            for buffer in (self.hidden, self.c0, self.trailing, self.trailing_len, self.steps, self.lengths):
+                buffer[move.dst] = buffer[move.src]
+            self.sampler.move_row(move.src, move.dst)
