@@ -146,10 +146,12 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: int | torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, L, hidden]; positions: [B, L] RoPE positions; returns the post-norm hidden states [B, L, hidden]
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor | None, cache: KVCache, slots: int | torch.Tensor,
+                   mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        # x: [B, L, hidden]; positions: [B, L] RoPE positions, or rope: their (cos, sin) computed by the caller;
+        # returns the post-norm hidden states [B, L, hidden]
+        cos, sin = rope if rope is not None else rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
+                                                                x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask)
         return self.norm(x)

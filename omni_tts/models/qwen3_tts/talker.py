@@ -11,7 +11,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .config import TalkerConfig
-from .layers import DecoderStack, KVCache, causal_mask
+from .layers import DecoderStack, KVCache, causal_mask, rope_cos_sin
 
 
 class TalkerBackbone(DecoderStack):
@@ -66,17 +66,21 @@ class CodePredictor(nn.Module):
         b = hidden.shape[0]
         device = hidden.device
         x = self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
-        key_valid = torch.ones(b, cache.max_len, dtype=torch.bool, device=device)
+        # every row sits at the same positions 0..15 over a fresh cache: RoPE and the causal mask are computed
+        # once per frame and sliced per codebook, not rebuilt 15 times
+        num_slots = self.num_code_groups
+        positions = torch.arange(num_slots, device=device)
+        cos, sin = rope_cos_sin(positions[None], self.model.cfg.head_dim, self.model.cfg.rope_theta, x.dtype)
+        causal = (positions[None, :] <= positions[:, None])[None, None]                     # [1, 1, S, S]
         codes = []
         start = 0
         for j in range(self.num_code_groups - 1):
-            length = x.shape[1]
-            positions = torch.arange(start, start + length, device=device).expand(b, length)
-            mask = causal_mask(key_valid, start, length)
-            h = self.model.run_layers(x, positions, cache, start, mask)
+            end = start + x.shape[1]
+            h = self.model.run_layers(x, None, cache, start, causal[:, :, start:end, :end],
+                                      rope=(cos[:, :, start:end], sin[:, :, start:end]))
             ids = sample(self.lm_head[j](h[:, -1]), j)
             codes.append(ids)
-            start += length
+            start = end
             if j + 1 < self.num_code_groups - 1:
                 x = self.small_to_mtp_projection(self.model.codec_embedding[j](ids))[:, None]
         return torch.stack(codes, dim=1)
@@ -111,14 +115,6 @@ class Talker(nn.Module):
     def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
         """Σ16 of whole frames: C(c0) + Σ_j E_j(c_{j+1}). codes: [..., 16] → [..., H]."""
         return self.embed_codec(codes[..., 0]) + self.code_predictor.embed_rest(codes[..., 1:])
-
-    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-                key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill or a batch-aligned step. inputs_embeds: [B, L, H] written at cache slots start..start+L;
-        key_valid: [B, S] slots holding real tokens. Returns (last post-norm hidden [B, H], logits [B, vocab])."""
-        mask = causal_mask(key_valid, start, inputs_embeds.shape[1])
-        hidden = self.model.run_layers(inputs_embeds, positions, cache, start, mask)[:, -1]
-        return hidden, self.codec_head(hidden)
 
     def prefill(self, inputs_embeds: torch.Tensor, lengths: torch.Tensor, cache: KVCache,
                 key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,123 @@
+"""Where a serving step's time goes, per component, in-process on this machine (no sockets).
+
+    python benchmarks/bench_breakdown.py [--preset small medium] [--batch 1 16] [--threads 1] [--repeats 20]
+
+For each preset (a random checkpoint built by make-tiny-model in a temp dir) and batch size B, times:
+  - talker step: the engine's whole step for B running rows (code predictor + talker + sampling + one D2H copy),
+  - code predictor: codebooks 1..15 of B rows (15 small forwards + 15 draws), greedy,
+  - talker forward: one decode forward of B rows,
+  - sampling: one talker draw + 15 codebook draws for B rows, greedy and at temperature 0.9 (noise included),
+  - decoder call: one streaming decode of B requests × F frames (F = 2 first packet, F = 25 steady chunk),
+  - HTTP encode: one 25-frame chunk (2 s) through each response format's stream encoder (per stream).
+Prints one Markdown table of median / p90 milliseconds. The connector (shared-memory ring) is measured across two
+processes by bench_connector.py.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from omni_tts.audio.encoding import create_stream_encoder
+from omni_tts.config import set_torch_threads
+from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.random_model import make_random_model
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
+
+
+def time_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(samples)), float(np.percentile(samples, 90))
+
+
+def running_engine(tts: Qwen3TTS, batch: int, temperature: float) -> TalkerEngine:
+    engine = TalkerEngine(tts.talker, tts.config, batch, 1024, 1 << 16, 512)
+    for i in range(batch):
+        p = tts.prepare(SynthesisRequest(text=f"Request {i}: a sentence of ordinary length to speak.", voice="ryan",
+                                         sampling=SamplingParams(temperature=temperature, seed=i,
+                                                                 max_new_tokens=100_000)))
+        engine.add_request(TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, 100_000))
+    engine.step()  # admits (prefills) every row
+    return engine
+
+
+def breakdown(tts: Qwen3TTS, batch: int, repeats: int) -> list[tuple[str, float, float]]:
+    rows: list[tuple[str, float, float]] = []
+    engine = running_engine(tts, batch, 0.0)
+    runner, talker = engine.runner, tts.talker
+    rows.append(("talker step (greedy)", *time_ms(engine.step, repeats)))
+    b = slice(0, batch)
+    with torch.inference_mode():
+        rows.append(("code predictor", *time_ms(lambda: talker.code_predictor.predict(
+            runner.hidden[b], talker.embed_codec(runner.c0[b]), runner.cp_cache.rows(0, batch),
+            runner.sampler.codebook_sampler(b)), repeats)))
+        x = torch.randn(batch, runner.hidden.shape[1], dtype=runner.dtype)
+        slots = runner.lengths[b].clone()
+        num_slots = int(slots.max()) + 1
+        rows.append(("talker forward", *time_ms(lambda: talker.decode_step(x, slots, runner.cache.rows(0, batch),
+                                                                           num_slots), repeats)))
+        for temperature in (0.0, 0.9):
+            sampled = running_engine(tts, batch, temperature)
+            sampler = sampled.runner.sampler
+            talker_logits = torch.randn(batch, tts.config.talker.vocab_size)
+            cp_logits = torch.randn(batch, tts.config.talker.code_predictor.vocab_size)
+
+            def draw() -> None:
+                sampler.sample_talker(talker_logits, b)
+                draw_codebook = sampler.codebook_sampler(b)
+                for j in range(15):
+                    draw_codebook(cp_logits, j)
+            rows.append((f"sampling, 16 draws (temperature {temperature})", *time_ms(draw, repeats)))
+            if temperature > 0:
+                rows.append((f"talker step (temperature {temperature})", *time_ms(sampled.step, repeats)))
+    decoder = tts.decoder
+    for frames in (2, 25):
+        codes = torch.randint(0, 2048, (batch, 16, frames))
+
+        def decode() -> None:
+            with torch.inference_mode():
+                decoder.decode_chunk(codes, decoder.new_stream_state(batch))
+        rows.append((f"decoder call, {batch} × {frames} frames", *time_ms(decode, max(3, repeats // 4))))
+    chunk = (np.random.default_rng(0).standard_normal(25 * 1920) * 0.1).astype(np.float32)
+    for fmt in FORMATS:
+        encoder = create_stream_encoder(fmt)
+        encoder.start()
+        rows.append((f"HTTP encode {fmt}, one 2 s chunk", *time_ms(lambda: encoder.encode(chunk), repeats)))
+        encoder.close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", nargs="+", default=["small"])
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 16])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the stage default on 2 cores is 1)")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    set_torch_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s)\n")
+    print("| preset | B | component | p50 ms | p90 ms |\n|---|---:|---|---:|---:|")
+    for preset in args.preset:
+        with tempfile.TemporaryDirectory() as tmp:
+            make_random_model(tmp, "custom_voice", preset, 0, torch.float32)
+            tts = Qwen3TTS(tmp)
+            for batch in args.batch:
+                for name, p50, p90 in breakdown(tts, batch, args.repeats):
+                    print(f"| {preset} | {batch} | {name} | {p50:.2f} | {p90:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
