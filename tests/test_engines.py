@@ -19,10 +19,12 @@ def model(variant):
     return _models[variant]
 
 
-def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget=512, stagger=0, abort_after=None):
-    """Drive both engines step by step; request i joins at step i*stagger. Returns {rid: (codes, audio, reason)}."""
+def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget=512, stagger=0, abort_after=None,
+                 code2wav_frames=7):
+    """Drive both engines step by step; request i joins at step i*stagger. Returns {rid: (codes, audio, reason)}.
+    code2wav_frames: the decoder's frame budget per step (7 splits the 25-frame chunks)."""
     talker = TalkerEngine(tts.talker, tts.config, max_batch, 1024, prefill_budget, 512)
-    code2wav = Code2WavEngine(tts.decoder, max_batch)
+    code2wav = Code2WavEngine(tts.decoder, max_batch, code2wav_frames)
     prepared = [tts.prepare(r) for r in requests]
     frames, audio, reasons, chunkers = {}, {}, {}, {}
     pending = list(enumerate(prepared))
@@ -79,7 +81,8 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
         temperature=0.9 if i % 2 else 0, seed=i, max_new_tokens=30)) for i, v in
         enumerate(["ryan", "vivian", "serena", "aiden", "sohee", "eric"])]
     offline = [tts.synthesize([r])[0] for r in requests]
-    out, talker, code2wav = run_pipeline(tts, requests, max_batch=2, prefill_budget=1, abort_after={4: ["r3"]})
+    out, talker, code2wav = run_pipeline(tts, requests, max_batch=2, prefill_budget=1, abort_after={4: ["r3"]},
+                                         code2wav_frames=None)
     for i, expected in enumerate(offline):
         codes, audio, reason = out[f"r{i}"]
         if i == 3:

@@ -1,26 +1,35 @@
 """Stage 1: codec frames → audio with the exact stateful streaming decoder, batched across requests.
 
-Each registered request owns a `DecoderStreamState`; its chunks queue in order. A step takes the oldest pending
-chunk of up to `max_batch_size` requests, groups them by chunk length (one batched decoder call per group, rows at
-different stream offsets), and returns only each chunk's new samples. Context chunks (the ICL reference codes)
-prime the state and emit nothing. A request's state is freed at its last chunk or on abort.
+Each registered request owns a `DecoderStreamState`. A step is schedule → decode → postprocess: the scheduler
+(`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
+equal length share one batched decoder call (rows at different stream offsets), and each piece returns only its
+new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces prime the
+state and emit nothing. A request's state is freed at its last chunk or on abort. `measure_frame_budget` sizes
+the frame budget for the device at stage start.
 """
 from __future__ import annotations
 
-from collections import deque
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
 
+from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 
-@dataclass
-class CodecChunk:
-    codes: np.ndarray          # [F, 16] int
-    is_last: bool = False
-    is_context: bool = False   # decoder left context (ICL reference codes): decoded, not emitted
+__all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "measure_frame_budget"]
+
+logger = logging.getLogger(__name__)
+
+# Calibration: start-up time spent timing the decoder (tests start stages often); within this factor of the best
+# per-frame cost, a bigger call buys too little throughput for the latency it adds to every stream.
+MAX_CALIBRATION_SECONDS = 1.0
+BUDGET_COST_TOLERANCE = 1.1
+CALIBRATION_REPEATS = 2  # best of: interference from other processes only ever adds time
 
 
 @dataclass
@@ -31,34 +40,36 @@ class AudioOutput:
 
 
 class Code2WavEngine:
-    def __init__(self, decoder: SpeechDecoder, max_batch_size: int) -> None:
+    """Owns the decoder and one stream state per request; a `Code2WavScheduler` picks each step's pieces.
+
+    `max_frames_per_step` None means no frame budget (benchmarks time whole batches of chunks).
+    """
+
+    def __init__(self, decoder: SpeechDecoder, max_batch_size: int, max_frames_per_step: int | None = None) -> None:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
-        self.max_batch_size = max_batch_size
+        self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step, decoder.samples_per_frame / SAMPLE_RATE)
         self.states: dict[str, DecoderStreamState] = {}
-        self.pending: dict[str, deque[CodecChunk]] = {}
+        self.partial_audio: dict[str, list[np.ndarray]] = {}  # a split chunk's audio leaves whole, as cut
         self.num_steps = 0
 
     def add_request(self, request_id: str) -> None:
         """Pre-register (allocates the stream state) before the first chunk arrives."""
         if request_id not in self.states:
             self.states[request_id] = self.decoder.new_stream_state(1)
-            self.pending[request_id] = deque()
+            self.scheduler.add_request(request_id, time.monotonic())
 
     def add_chunk(self, request_id: str, chunk: CodecChunk) -> bool:
         """Queue a chunk; False if the request is unknown (aborted or never registered): the chunk is dropped."""
-        queue = self.pending.get(request_id)
-        if queue is None:
-            return False
-        queue.append(chunk)
-        return True
+        return self.scheduler.add_chunk(request_id, chunk)
 
     def abort(self, request_id: str) -> bool:
-        self.pending.pop(request_id, None)
+        self.scheduler.abort(request_id)
+        self.partial_audio.pop(request_id, None)
         return self.states.pop(request_id, None) is not None
 
     def has_work(self) -> bool:
-        return any(self.pending.values())
+        return self.scheduler.has_work()
 
     @property
     def num_requests(self) -> int:
@@ -66,28 +77,81 @@ class Code2WavEngine:
 
     @torch.inference_mode()
     def step(self) -> list[AudioOutput]:
-        ready = [rid for rid, queue in self.pending.items() if queue][: self.max_batch_size]
-        groups: dict[int, list[tuple[str, CodecChunk]]] = {}
-        for rid in ready:
-            chunk = self.pending[rid].popleft()
-            groups.setdefault(chunk.codes.shape[0], []).append((rid, chunk))
+        batch = self.scheduler.schedule()
+        audio = self._decode(batch)
+        self.scheduler.postprocess(batch, time.monotonic())
         outputs = []
-        for frames, members in groups.items():
-            if frames == 0:
-                audio = np.zeros((len(members), 0), dtype=np.float32)
+        for piece, samples in zip(batch, audio):
+            rid = piece.request_id
+            if piece.is_last:
+                del self.states[rid]
+            if piece.chunk.is_context:  # primes the state; emits only the end marker of a context-only request
+                if piece.is_last:
+                    outputs.append(AudioOutput(rid, np.zeros(0, np.float32), True))
+            elif not piece.ends_chunk:
+                self.partial_audio.setdefault(rid, []).append(samples)
             else:
-                codes = torch.from_numpy(np.stack([c.codes for _, c in members]).astype(np.int64))
-                codes = codes.transpose(1, 2).to(self.device)                       # [B, 16, F]
-                state = DecoderStreamState.stack([self.states[rid] for rid, _ in members])
-                audio = self.decoder.decode_chunk(codes, state).float().cpu().numpy()
-                for (rid, _), row_state in zip(members, state.unbind()):
-                    self.states[rid] = row_state
-            for row, (rid, chunk) in enumerate(members):
-                if chunk.is_last:
-                    self.abort(rid)  # frees the state
-                if chunk.is_context and not chunk.is_last:
-                    continue
-                outputs.append(AudioOutput(rid, np.zeros(0, np.float32) if chunk.is_context else audio[row],
-                                           chunk.is_last))
+                samples = np.concatenate([*self.partial_audio.pop(rid, []), samples])
+                outputs.append(AudioOutput(rid, samples, piece.is_last))
         self.num_steps += 1
         return outputs
+
+    def _decode(self, batch: list[ScheduledPiece]) -> list[np.ndarray]:
+        """Each piece's new samples; pieces of equal length share one decoder call."""
+        audio: list[np.ndarray] = [np.zeros(0, np.float32)] * len(batch)
+        groups: dict[int, list[int]] = {}
+        for i, piece in enumerate(batch):
+            if piece.num_frames:
+                groups.setdefault(piece.num_frames, []).append(i)
+        for rows in groups.values():
+            codes = torch.from_numpy(np.stack([batch[i].codes for i in rows]).astype(np.int64))
+            codes = codes.transpose(1, 2).to(self.device)                           # [B, 16, F]
+            state = DecoderStreamState.stack([self.states[batch[i].request_id] for i in rows])
+            wav = self.decoder.decode_chunk(codes, state).float().cpu().numpy()     # [B, F * samples_per_frame]
+            for i, row_state, samples in zip(rows, state.unbind(), wav):
+                self.states[batch[i].request_id] = row_state
+                audio[i] = samples
+        return audio
+
+
+@torch.inference_mode()
+def measure_frame_budget(decoder: SpeechDecoder, chunk_frames: int, max_rows: int) -> int:
+    """Frames per decoder call (summed over the batch) for this device: where the per-frame cost stops improving.
+
+    Times one call on throwaway stream states (best of CALIBRATION_REPEATS, including the copy to the host) for
+    the shapes steps run: one row of 1, 2, 4, ... frames below `chunk_frames`, then 1, 2, 4, ... up to `max_rows`
+    rows of `chunk_frames`. Growing stops once two sizes in a row did not lower the best per-frame cost, or when
+    the next size would overrun MAX_CALIBRATION_SECONDS. The budget is the smallest size whose per-frame cost is
+    within BUDGET_COST_TOLERANCE of the best. On a CPU the per-frame cost bottoms out at a few tens of frames
+    (bigger calls only add latency); on a GPU it keeps falling with the batch, so the budget comes out large.
+    """
+    shapes = [(1, 2 ** k) for k in range(chunk_frames.bit_length()) if 2 ** k < chunk_frames]
+    shapes += [(2 ** k, chunk_frames) for k in range(max_rows.bit_length()) if 2 ** k < max_rows]
+    shapes.append((max_rows, chunk_frames))
+    _time_decode(decoder, 1, 1)  # warm-up: first-call allocations and thread start-up
+    started = time.perf_counter()
+    cost: dict[int, float] = {}  # seconds per frame by frames per call
+    num_worse = 0
+    for rows, frames in shapes:
+        num_frames = rows * frames
+        best = min(cost.values(), default=float("inf"))
+        # predicted at the best per-frame cost so far (it falls with size until the knee)
+        if cost and time.perf_counter() - started + CALIBRATION_REPEATS * best * num_frames > MAX_CALIBRATION_SECONDS:
+            break
+        seconds = min(_time_decode(decoder, rows, frames) for _ in range(CALIBRATION_REPEATS))
+        cost[num_frames] = seconds / num_frames
+        num_worse = 0 if cost[num_frames] < best else num_worse + 1
+        if num_worse == 2:
+            break
+    logger.debug("code2wav decoder ms per frame by frames per call: %s",
+                 ", ".join(f"{n}: {c * 1e3:.2f}" for n, c in cost.items()))
+    best = min(cost.values())
+    return min(n for n, c in cost.items() if c <= BUDGET_COST_TOLERANCE * best)
+
+
+def _time_decode(decoder: SpeechDecoder, rows: int, frames: int) -> float:
+    state = decoder.new_stream_state(rows)
+    codes = torch.zeros(rows, decoder.cfg.num_quantizers, frames, dtype=torch.long, device=state.position.device)
+    started = time.perf_counter()
+    decoder.decode_chunk(codes, state).cpu()
+    return time.perf_counter() - started

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
@@ -10,20 +11,27 @@ import numpy as np
 import torch
 
 from omni_tts.connectors.shm_ring import ChunkReader
-from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
+from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_frame_budget
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 
 from .common import StageIO, run_stage
 from .protocol import Abort, AudioChunk, GetStats, Ready, Register, Shutdown, StageLaunch, StageStats
 
-_RECENTLY_ABORTED = 4096
-LATENCY_WINDOW = 4096  # connector latency percentiles over the most recent chunks  # chunks still in flight for an aborted request are dropped, not re-registered
+logger = logging.getLogger(__name__)
+
+_RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
+LATENCY_WINDOW = 4096  # connector latency percentiles over the most recent chunks
 
 
 class Code2WavStage:
     def __init__(self, launch: StageLaunch) -> None:
         tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype), with_talker=False)
-        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size)
+        max_frames = launch.max_frames_per_step
+        if max_frames is None:
+            max_frames = measure_frame_budget(tts.decoder, launch.chunk_frames, launch.max_batch_size)
+        logger.info("code2wav: %d frames per decoder call (%s)", max_frames,
+                    "measured" if launch.max_frames_per_step is None else "configured")
+        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames)
         self.condition = threading.Condition()
         self.reader = ChunkReader(launch.ring, condition=self.condition)  # ring arrivals wake the same loop
         self.io = StageIO(launch, self.condition)
@@ -77,4 +85,7 @@ class Code2WavStage:
 
 
 def main(launch_bytes: bytes) -> None:
+    # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO (the frame budget)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("omni_tts").setLevel(logging.INFO)
     run_stage(launch_bytes, lambda launch: Code2WavStage(launch).run())
