@@ -60,6 +60,8 @@ class TalkerStageConfig(_Config):
     max_prefill_tokens_per_step: PositiveInt = 512  # prompt rows prefilled per step, interleaved with decode
     max_text_tokens: PositiveInt = 1024  # longest input text accepted, in text tokens
     threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
+    # CUDA: the decode step replays CUDA graphs captured at start-up; true runs it eagerly (as on the CPU)
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         # messages start with "field: " so the loader can name stages.talker.<field>

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.audio import TARGET_SAMPLE_RATE as SAMPLE_RATE
 from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece

@@ -140,7 +140,8 @@ class AsyncTTSEngine:
                                  chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
                                  **({"max_model_len": cfg.max_model_len,
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
-                                     "max_text_tokens": cfg.max_text_tokens} if name == "talker"
+                                     "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
+                                    if name == "talker"
                                     else {"max_frames_per_step": cfg.max_frames_per_step}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)

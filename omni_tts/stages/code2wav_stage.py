@@ -85,7 +85,4 @@ class Code2WavStage:
 
 
 def main(launch_bytes: bytes) -> None:
-    # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO (the frame budget)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("omni_tts").setLevel(logging.INFO)
     run_stage(launch_bytes, lambda launch: Code2WavStage(launch).run())

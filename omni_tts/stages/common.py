@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import traceback
@@ -62,6 +63,9 @@ class StageIO:
 def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
+    # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("omni_tts").setLevel(logging.INFO)
     if launch.device == "cpu":
         # compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds
         os.nice(CPU_STAGE_NICENESS)

@@ -100,5 +100,6 @@ class StageLaunch(msgspec.Struct):
     max_model_len: int = 2048
     max_prefill_tokens_per_step: int = 512
     max_text_tokens: int = 1024
+    enforce_eager: bool = False      # talker: no CUDA graphs
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start

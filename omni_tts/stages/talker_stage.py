@@ -27,7 +27,8 @@ class TalkerStage:
         self.tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype),
                             with_decoder=False)
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, launch.max_model_len,
-                                   launch.max_prefill_tokens_per_step, launch.max_text_tokens)
+                                   launch.max_prefill_tokens_per_step, launch.max_text_tokens,
+                                   cuda_graphs=not launch.enforce_eager)
         self.writer = ChunkWriter(launch.ring)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)

@@ -16,7 +16,7 @@ from torch import nn
 
 from .audio import load_audio, resample_to
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
-from .generation import TOKEN_CAP_FLOOR, generate_codes, token_limit
+from .generation import TOKEN_CAP_FLOOR, decode_codes, generate_codes, token_limit
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
 from .sampling import ResolvedSampling, resolve_sampling
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
@@ -172,9 +172,9 @@ class Qwen3TTS:
         generated = generate_codes(self.talker, self.config, [p.prefill for p in prepared],
                                    [p.trailing for p in prepared], [p.sampling for p in prepared],
                                    [p.max_tokens for p in prepared])
+        audios = decode_codes(self.decoder, [g.codes for g in generated], [p.prompt.ref_codes for p in prepared])
         results = []
-        for p, g in zip(prepared, generated):
-            audio = self.decode(g.codes, p.prompt.ref_codes)
+        for p, g, audio in zip(prepared, generated, audios):
             results.append(SynthesisResult(codes=g.codes.numpy(), audio=audio, finish_reason=g.finish_reason,
                                            num_prompt_rows=p.prefill.shape[0], num_text_tokens=len(p.prompt.text_ids)))
         return results
