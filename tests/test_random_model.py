@@ -50,13 +50,15 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     assert not filecmp.cmp(tmp_path / "a" / "model.safetensors", tmp_path / "c" / "model.safetensors", shallow=False)
 
 
-def test_small_preset_and_dtype(tmp_path):
-    out = tmp_path / "small"
-    assert cli_main(["make-tiny-model", str(out), "--variant", "custom_voice", "--preset", "small",
+@pytest.mark.parametrize("preset,hidden,decoder_dim", [("small", 256, 256), ("medium", 384, 1152)])
+def test_cpu_benchmark_presets_and_dtype(tmp_path, preset, hidden, decoder_dim):
+    out = tmp_path / preset
+    assert cli_main(["make-tiny-model", str(out), "--variant", "custom_voice", "--preset", preset,
                      "--dtype", "float32"]) == 0
     tts = Qwen3TTS.from_pretrained(str(out))
-    assert tts.config.talker.hidden_size == 256 and tts.config.talker.num_hidden_layers == 4
+    assert tts.config.talker.hidden_size == hidden and tts.config.talker.num_hidden_layers == 4
     assert tts.speech_config.decoder.sliding_window == 72
+    assert tts.speech_config.decoder.decoder_dim == decoder_dim
     result = tts.synthesize([SynthesisRequest(text="Small.", voice="ryan",
                                               sampling=SamplingParams(temperature=0, max_new_tokens=8))])[0]
     assert result.codes.shape == (7, 16) and result.finish_reason == "length"

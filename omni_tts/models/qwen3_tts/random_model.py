@@ -1,9 +1,10 @@
 """Deterministic random-weight checkpoints in the full Hugging Face layout (`omni-tts make-tiny-model`).
 
 Presets: `tiny` (the test fixtures' sizes; the embedded default model), `small` (big enough that compute matters on
-a CPU), `0.6b` / `1.7b` (the released shapes, for GPU benchmarks). Weights are a function of (seed, tensor name,
-shape) only, scaled so activations stay O(1) and greedy choices have clear margins; the codec EOS row is boosted so
-that utterances end. The reference implementation (qwen-tts) loads the result too.
+a CPU), `medium` (a slightly wider talker than small and a vocoder that costs at least as much CPU per second of
+audio as the talker), `0.6b` / `1.7b` (the released shapes, for GPU benchmarks). Weights are a function of (seed,
+tensor name, shape) only, scaled so activations stay O(1) and greedy choices have clear margins; the codec EOS row is
+boosted so that utterances end. The reference implementation (qwen-tts) loads the result too.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from torch import nn
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig
 from .text_tokenizer import write_text_tokenizer_files
 
-PRESETS = ("tiny", "small", "0.6b", "1.7b")
+PRESETS = ("tiny", "small", "medium", "0.6b", "1.7b")
 VARIANTS = ("custom_voice", "voice_design", "base")
 
 TOP_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671, tts_bos_token_id=151672,
@@ -44,6 +45,9 @@ GENERATION_DEFAULTS = dict(do_sample=True, repetition_penalty=1.05, temperature=
 _TALKER = {
     "tiny": dict(talker=(64, 128, 2, 4, 2, 32, 8), cp=(32, 64, 2, 4, 2, 16), spk=(32, 96, 16, 16), size="1b7"),
     "small": dict(talker=(256, 768, 4, 4, 2, 64, 256), cp=(128, 384, 2, 4, 2, 32), spk=(64, 192, 32, 32), size="1b7"),
+    # medium: a wider talker than small, same code predictor (on a CPU its 15 passes per step dominate the cost)
+    "medium": dict(talker=(384, 1152, 4, 6, 2, 64, 256), cp=(128, 384, 2, 4, 2, 32), spk=(64, 192, 32, 32),
+                   size="1b7"),
     "0.6b": dict(talker=(1024, 3072, 28, 16, 8, 128, 2048), cp=(1024, 3072, 5, 16, 8, 128), spk=(512, 1536, 128, 128),
                  size="0b6"),
     "1.7b": dict(talker=(2048, 6144, 28, 16, 8, 128, 2048), cp=(1024, 3072, 5, 16, 8, 128), spk=(512, 1536, 128, 128),
@@ -54,20 +58,27 @@ _REAL_DECODER = dict(codebook_dim=512, latent_dim=1024, hidden_size=512, interme
 _REAL_ENCODER = dict(hidden_size=512, num_filters=64, codebook_dim=256, num_quantizers=32, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=8, head_dim=64, intermediate_size=2048,
                      vector_quantization_hidden_dimension=256)
+_SMALL_ENCODER = dict(hidden_size=64, num_filters=8, codebook_dim=32, num_quantizers=16, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=128,
+                      vector_quantization_hidden_dimension=32)
 _DECODER = {
     "tiny": dict(codebook_dim=16, latent_dim=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, head_dim=8, sliding_window=8, decoder_dim=64),
     "small": dict(codebook_dim=128, latent_dim=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72, decoder_dim=256),
+    # vocoder cost grows with decoder_dim² (convolutions) and decoder_dim (activations). 1152 (3/4 of the released
+    # 1536) is where one request's 25-frame chunk costs about one talker step per frame on one CPU thread, the
+    # talker step being per-operation overhead (benchmarks/bench_stages.py --preset medium --threads 1)
+    "medium": dict(codebook_dim=128, latent_dim=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72, decoder_dim=1152),
     "0.6b": _REAL_DECODER, "1.7b": _REAL_DECODER,
 }
 _ENCODER = {
     "tiny": dict(hidden_size=32, num_filters=4, codebook_dim=8, num_quantizers=16, num_hidden_layers=1,
                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64,
                  vector_quantization_hidden_dimension=8),
-    "small": dict(hidden_size=64, num_filters=8, codebook_dim=32, num_quantizers=16, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=128,
-                  vector_quantization_hidden_dimension=32),
+    # medium shares small's: the encoder only reads Base cloning's reference audio, outside the serving loop
+    "small": _SMALL_ENCODER, "medium": _SMALL_ENCODER,
     "0.6b": _REAL_ENCODER, "1.7b": _REAL_ENCODER,
 }
 
