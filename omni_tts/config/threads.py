@@ -7,7 +7,9 @@ cores this process may run on.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 from .stage_config import PipelineConfig
 
@@ -50,3 +52,17 @@ def set_torch_threads(threads: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # only settable before the first inter-op parallel work; then it is left as it is
         pass
+
+
+@contextlib.contextmanager
+def stage_environment() -> Iterator[None]:
+    """While stage processes are spawned: OpenMP workers that sleep when idle (OMP_WAIT_POLICY=PASSIVE, unless the
+    user set it) instead of spinning for the core another stage needs; read by the runtime when a process loads
+    it, so it must be in the environment the child starts with."""
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)

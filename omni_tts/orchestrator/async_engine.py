@@ -28,6 +28,7 @@ import zmq
 import zmq.asyncio
 
 from omni_tts.config import PipelineConfig, stage_threads
+from omni_tts.config.threads import stage_environment
 from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
@@ -145,7 +146,8 @@ class AsyncTTSEngine:
                                     else {"max_frames_per_step": cfg.max_frames_per_step}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)
-            process.start()
+            with stage_environment():
+                process.start()
             command = self._ctx.socket(zmq.PUSH)
             command.setsockopt(zmq.LINGER, 0)
             command.connect(address)
