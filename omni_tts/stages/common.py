@@ -16,7 +16,10 @@ from omni_tts.config.threads import set_torch_threads
 from .protocol import StageCommand, StageEvent, StageFailed, StageLaunch
 
 _command_decoder = msgspec.msgpack.Decoder(StageCommand)
-CPU_STAGE_NICENESS = 5
+# compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds; the talker yields
+# to code2wav too: frames already generated are closer to a listener than new ones, and the talker runs ahead of
+# real time, so when the cores are short the pipeline drains before it fills
+CPU_STAGE_NICENESS = {"talker": 8, "code2wav": 5}
 
 
 class StageIO:
@@ -67,8 +70,7 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("omni_tts").setLevel(logging.INFO)
     if launch.device == "cpu":
-        # compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds
-        os.nice(CPU_STAGE_NICENESS)
+        os.nice(CPU_STAGE_NICENESS[launch.stage])
     set_torch_threads(launch.threads)
     try:
         main(launch)
