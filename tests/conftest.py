@@ -13,6 +13,15 @@ GOLDEN_CASES = [c for c in MANIFEST["cases"] if c.get("params")]
 torch.set_grad_enabled(False)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Many small decoder calls: one torch thread is faster than two on a shared 2-core box."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run slow real-size checks")
 

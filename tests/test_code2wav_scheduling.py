@@ -15,13 +15,7 @@ from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 FRAME_SECONDS = 0.08
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    # many small decoder calls: one thread is faster than two on a shared 2-core box (as in test_speech_decoder)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chunk(frames: int, **flags) -> CodecChunk:

@@ -26,13 +26,7 @@ GOLDEN_ATOL = 5e-6    # decoder alone vs the reference (fixtures README)
 STREAM_ATOL = 1e-5    # streaming vs one-pass
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    # The streaming tests run many small ops; one thread is faster than two on a shared 2-core box.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def decoder_state_dict(variant: str) -> dict[str, torch.Tensor]:
