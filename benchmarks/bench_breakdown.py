@@ -43,21 +43,30 @@ def time_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return float(np.median(samples)), float(np.percentile(samples, 90))
 
 
-def running_engine(tts: Qwen3TTS, batch: int, temperature: float) -> TalkerEngine:
-    engine = TalkerEngine(tts.talker, tts.config, batch, 1024, 1 << 16, 512)
-    for i in range(batch):
-        p = tts.prepare(SynthesisRequest(text=f"Request {i}: a sentence of ordinary length to speak.", voice="ryan",
-                                         sampling=SamplingParams(temperature=temperature, seed=i,
-                                                                 max_new_tokens=100_000)))
-        engine.add_request(TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, 100_000))
-    engine.step()  # admits (prefills) every row
-    return engine
+class RunningEngine:
+    """A talker engine kept at `batch` running rows: a row that ends (random weights do emit EOS) is replaced
+    before the next step, so a timed step always decodes `batch` rows (a refill's prefill lands in a few steps,
+    which the median ignores)."""
+
+    def __init__(self, tts: Qwen3TTS, batch: int, temperature: float) -> None:
+        self.engine = TalkerEngine(tts.talker, tts.config, batch, 1024, 1 << 16, 512)
+        self.tts, self.batch, self.temperature, self.added = tts, batch, temperature, 0
+        self.step()  # admits (prefills) every row
+
+    def step(self) -> None:
+        while self.engine.stats().num_running + self.engine.stats().num_waiting < self.batch:
+            p = self.tts.prepare(SynthesisRequest(
+                text=f"Request {self.added}: a sentence of ordinary length to speak.", voice="ryan",
+                sampling=SamplingParams(temperature=self.temperature, seed=self.added, max_new_tokens=100_000)))
+            self.engine.add_request(TalkerRequest(str(self.added), p.prefill, p.trailing, p.sampling, 100_000))
+            self.added += 1
+        self.engine.step()
 
 
 def breakdown(tts: Qwen3TTS, batch: int, repeats: int) -> list[tuple[str, float, float]]:
     rows: list[tuple[str, float, float]] = []
-    engine = running_engine(tts, batch, 0.0)
-    runner, talker = engine.runner, tts.talker
+    engine = RunningEngine(tts, batch, 0.0)
+    runner, talker = engine.engine.runner, tts.talker
     rows.append(("talker step (greedy)", *time_ms(engine.step, repeats)))
     b = slice(0, batch)
     with torch.inference_mode():
@@ -70,8 +79,8 @@ def breakdown(tts: Qwen3TTS, batch: int, repeats: int) -> list[tuple[str, float,
         rows.append(("talker forward", *time_ms(lambda: talker.decode_step(x, slots, runner.cache.rows(0, batch),
                                                                            num_slots), repeats)))
         for temperature in (0.0, 0.9):
-            sampled = running_engine(tts, batch, temperature)
-            sampler = sampled.runner.sampler
+            sampled = RunningEngine(tts, batch, temperature)
+            sampler = sampled.engine.runner.sampler
             talker_logits = torch.randn(batch, tts.config.talker.vocab_size)
             cp_logits = torch.randn(batch, tts.config.talker.code_predictor.vocab_size)
 
