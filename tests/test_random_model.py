@@ -50,7 +50,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     assert not filecmp.cmp(tmp_path / "a" / "model.safetensors", tmp_path / "c" / "model.safetensors", shallow=False)
 
 
-@pytest.mark.parametrize("preset,hidden,decoder_dim", [("small", 256, 256), ("medium", 384, 1152)])
+@pytest.mark.parametrize("preset,hidden,decoder_dim", [("small", 256, 256), ("medium", 384, 448)])
 def test_cpu_benchmark_presets_and_dtype(tmp_path, preset, hidden, decoder_dim):
     out = tmp_path / preset
     assert cli_main(["make-tiny-model", str(out), "--variant", "custom_voice", "--preset", preset,

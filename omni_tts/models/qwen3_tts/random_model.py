@@ -1,10 +1,10 @@
 """Deterministic random-weight checkpoints in the full Hugging Face layout (`omni-tts make-tiny-model`).
 
 Presets: `tiny` (the test fixtures' sizes; the embedded default model), `small` (big enough that compute matters on
-a CPU), `medium` (a slightly wider talker than small and a vocoder that costs at least as much CPU per second of
-audio as the talker), `0.6b` / `1.7b` (the released shapes, for GPU benchmarks). Weights are a function of (seed,
-tensor name, shape) only, scaled so activations stay O(1) and greedy choices have clear margins; the codec EOS row is
-boosted so that utterances end. The reference implementation (qwen-tts) loads the result too.
+a CPU), `medium` (a slightly wider talker than small and a vocoder that costs more CPU per second of audio than the
+talker at serving concurrency), `0.6b` / `1.7b` (the released shapes, for GPU benchmarks). Weights are a function of
+(seed, tensor name, shape) only, scaled so activations stay O(1) and greedy choices have clear margins; the codec
+EOS row is boosted so that utterances end. The reference implementation (qwen-tts) loads the result too.
 """
 from __future__ import annotations
 
