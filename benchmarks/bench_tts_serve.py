@@ -421,13 +421,30 @@ def markdown(run_doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(run_doc: dict, prefix: str) -> list[str]:
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None (said on stderr) without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no plots (pip install -e '.[bench]')", file=sys.stderr)
+        return None
+    return plt
+
+
+def write_report(prefix: str, doc: dict, table: str) -> None:
+    """prefix.json (the whole document) and prefix.md (its Markdown table); the table is printed too."""
+    with open(prefix + ".json", "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+    with open(prefix + ".md", "w", encoding="utf-8") as f:
+        f.write(table)
+    print(table)
+
+
+def plot(run_doc: dict, prefix: str) -> list[str]:
+    plt = pyplot()
+    if plt is None:
         return []
     levels = run_doc["levels"]
     if not levels:
@@ -578,11 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     table = markdown(run_doc)
     run_doc["plots"] = [] if args.no_plots else [os.path.basename(p) for p in plot(run_doc, prefix)]
-    with open(prefix + ".json", "w", encoding="utf-8") as f:
-        json.dump(run_doc, f, indent=1, ensure_ascii=False)
-    with open(prefix + ".md", "w", encoding="utf-8") as f:
-        f.write(table)
-    print(table)
+    write_report(prefix, run_doc, table)
     print(f"wrote {prefix}.json, {prefix}.md and {len(run_doc['plots'])} plots", file=sys.stderr)
     failed = sum(lv["aggregates"]["requests"] - lv["aggregates"]["ok"] for lv in run_doc["levels"])
     if failed:

@@ -33,7 +33,7 @@ import subprocess
 import sys
 
 from bench_runner import HERE, machine, run_bench, scrub_thread_env, served  # also puts HERE on sys.path
-from bench_tts_serve import DEFAULT_DATASET, load_dataset
+from bench_tts_serve import DEFAULT_DATASET, load_dataset, write_report
 
 DEFAULT_REFERENCE_PYTHON = os.path.expanduser("~/.cache/qwen3-tts-reference/venv/bin/python")
 FRAME_S = 0.08                      # one 12.5 Hz codec frame = 1920 samples at 24 kHz
@@ -240,11 +240,7 @@ def main() -> int:
                      "omni_vs_sequential": omni["audio_s_per_s"] / doc["reference"]["sequential"]["audio_s_per_s"]}
     table = markdown(doc)
     prefix = os.path.join(args.result_dir, name)
-    with open(prefix + ".json", "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, ensure_ascii=False)
-    with open(prefix + ".md", "w", encoding="utf-8") as f:
-        f.write(table)
-    print(table)
+    write_report(prefix, doc, table)
     print(f"wrote {prefix}.json and {prefix}.md", file=sys.stderr)
     return 0
 

@@ -24,6 +24,7 @@ import re
 import sys
 
 from bench_runner import machine
+from bench_tts_serve import pyplot, write_report
 
 NAME = re.compile(r"^(?P<preset>.+)-(?:c(?P<c>\d+)|rate(?P<rate>[0-9.]+))$")
 
@@ -106,12 +107,8 @@ def markdown(summary: dict) -> str:
 
 
 def plot(summary: dict, folder: str) -> list[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plots (pip install -e '.[bench]')", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return []
     written = []
     for kind, key, xlabel in (("concurrency", "concurrency", "concurrency (requests in flight)"),
@@ -178,11 +175,7 @@ def main() -> int:
                "machine": m, "phases": phases, "levels": levels}
     summary["plots"] = plot(summary, args.folder)
     table = markdown(summary)
-    with open(os.path.join(args.folder, "suite.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(args.folder, "suite.md"), "w", encoding="utf-8") as f:
-        f.write(table)
-    print(table)
+    write_report(os.path.join(args.folder, "suite"), summary, table)
     print(f"wrote {args.folder}/suite.json, suite.md and {len(summary['plots'])} plots", file=sys.stderr)
     return 0
 

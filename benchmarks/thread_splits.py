@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
 import yaml
 
 from bench_runner import HERE, cached_model, machine, run_bench, scrub_thread_env, served
+from bench_tts_serve import write_report
 
 REPO = os.path.dirname(HERE)
 
@@ -124,11 +124,7 @@ def main() -> int:
                 row["results"].append(f"{tag}-c{concurrency}.json")
         summary["splits"].append(row)
     table = markdown(summary)
-    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
-        f.write(table)
-    print(table)
+    write_report(os.path.join(out, "summary"), summary, table)
     print(f"wrote {out}/summary.json and summary.md", file=sys.stderr)
     return 0
 

@@ -63,7 +63,6 @@ class CodePredictor(nn.Module):
         cache: a KVCache of >= num_code_groups slots for B rows (overwritten: the CP starts fresh every frame).
         sample(logits [B, V], j) -> [B] ids for codebook j+1. Returns [B, 15] ids.
         """
-        b = hidden.shape[0]
         device = hidden.device
         x = self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
         # every row sits at the same positions 0..15 over a fresh cache: RoPE and the causal mask are computed
