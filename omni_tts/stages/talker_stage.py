@@ -109,7 +109,7 @@ class TalkerStage:
         self.prompt_rows[m.request_id] = prefill.shape[0]
         self.num_frames[m.request_id] = 0
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
-            codes = prompt.ref_codes.numpy()
+            codes = prompt.ref_codes.cpu().numpy()
             for start in range(0, codes.shape[0], self.launch.ring.max_frames):
                 self._put(m.request_id, codes[start:start + self.launch.ring.max_frames], False, True)
 
