@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.audio import TARGET_SAMPLE_RATE as SAMPLE_RATE
+from omni_tts.models.qwen3_tts.audio import TARGET_SAMPLE_RATE
 from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
@@ -48,7 +48,8 @@ class Code2WavEngine:
     def __init__(self, decoder: SpeechDecoder, max_batch_size: int, max_frames_per_step: int | None = None) -> None:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
-        self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step, decoder.samples_per_frame / SAMPLE_RATE)
+        self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step,
+                                           decoder.samples_per_frame / TARGET_SAMPLE_RATE)
         self.states: dict[str, DecoderStreamState] = {}
         self.partial_audio: dict[str, list[np.ndarray]] = {}  # a split chunk's audio leaves whole, as cut
         self.num_steps = 0

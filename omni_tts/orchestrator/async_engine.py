@@ -27,8 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig, stage_threads
-from omni_tts.config.threads import stage_environment
+from omni_tts.config import PipelineConfig, stage_environment, stage_threads
 from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .audio import load_audio, resample_to
+from .audio import TARGET_SAMPLE_RATE, load_audio, resample_to
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
 from .generation import TOKEN_CAP_FLOOR, decode_codes, generate_codes, token_limit
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
@@ -26,7 +26,7 @@ from .talker import Talker
 from .text_tokenizer import load_text_tokenizer
 from .weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
 
-SAMPLE_RATE = 24000
+SAMPLE_RATE = TARGET_SAMPLE_RATE
 
 
 @dataclass
@@ -147,22 +147,6 @@ class Qwen3TTS:
         prefill, trailing = embed_prompt(self.talker, self.config, prompt)
         limit = token_limit(sampling.max_new_tokens, len(prompt.text_ids), self.token_cap_floor)
         return PreparedRequest(prompt, prefill, trailing, sampling, limit)
-
-    # --- decoding ------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
-        """codes [T, 16] → float32 audio. With ICL reference codes, decode ref ++ codes (the reference clip is the
-        decoder's left context) and drop the reference's ref_frames × samples_per_frame samples.
-
-        The reference computes that cut as int(ref / total × samples) in floating point, which for about 4 % of
-        lengths keeps one sample of the reference clip; the exact cut is what a streaming decoder can reproduce."""
-        if ref_codes is not None:
-            full = torch.cat([ref_codes.to(codes.device), codes])
-            return self.decode(full)[ref_codes.shape[0] * self.decoder.samples_per_frame:]
-        if codes.shape[0] == 0:
-            return np.zeros(0, dtype=np.float32)
-        wav = self.decoder(codes.to(self.device).T[None])[0]
-        return wav.float().cpu().numpy()
 
     # --- offline synthesis ---------------------------------------------------------------------------------
     @torch.no_grad()
