@@ -153,6 +153,24 @@ def test_abort_drops_pending_and_split_chunks():
     assert step(s, 3.0) == []
 
 
+def test_all_generated_once_every_request_has_its_last_chunk():
+    """code2wav borrows the talker's threads exactly while the talker has nothing left to generate for it."""
+    s = scheduler(max_frames=4)
+    assert s.all_generated()                      # nothing registered
+    s.add_request("a", 0.0)
+    assert not s.all_generated()                  # registered before the talker starts it
+    s.add_chunk("a", chunk(10, is_last=True))
+    assert s.all_generated()                      # still decoding, but generated
+    s.add_request("b", 0.5)
+    s.add_chunk("b", chunk(2))
+    assert not s.all_generated()                  # b is still being generated
+    s.abort("b")
+    assert s.all_generated()
+    while s.has_work():
+        step(s, 1.0)
+    assert s.all_generated() and not s.requests
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Engine: scheduled, split, batched streaming decode == one-pass decode per request
 # ------------------------------------------------------------------------------------------------------------

@@ -14,10 +14,12 @@ from omni_tts.config import (
     TalkerStageConfig,
     available_cpus,
     available_stage_configs,
+    code2wav_lent_threads,
     default_stage_config_path,
     load_stage_config,
     parse_stage_config,
     stage_config_from_dict,
+    stage_environment,
     stage_threads,
 )
 
@@ -207,21 +209,36 @@ def test_direct_construction_runs_cross_field_checks():
         ConnectorConfig(codec_chunk_frames=65)
 
 
-@pytest.mark.parametrize("cpus,talker,code2wav,expected", [
-    (1, "", "", {"talker": 1, "code2wav": 1}),
-    (2, "", "", {"talker": 1, "code2wav": 1}),       # the API runs beside the stages (they sit at niceness 5)
-    (4, "", "", {"talker": 1, "code2wav": 2}),       # one core kept for the API, the odd one to code2wav
-    (16, "", "", {"talker": 7, "code2wav": 8}),
-    (16, "threads: 3", "", {"talker": 3, "code2wav": 12}),
-    (16, "threads: 3", "threads: 5", {"talker": 3, "code2wav": 5}),
-    (16, "device: cuda", "", {"talker": 1, "code2wav": 15}),
-    (16, "device: cuda", "device: cuda", {"talker": 1, "code2wav": 1}),
+@pytest.mark.parametrize("cpus,talker,code2wav,expected,lent", [
+    (1, "", "", {"talker": 1, "code2wav": 1}, 1),
+    (2, "", "", {"talker": 1, "code2wav": 1}, 1),       # the API runs beside the stages (they sit at niceness 5)
+    (4, "", "", {"talker": 1, "code2wav": 2}, 1),       # one core kept for the API, the odd one to code2wav
+    (16, "", "", {"talker": 7, "code2wav": 8}, 7),
+    (16, "threads: 3", "", {"talker": 3, "code2wav": 12}, 3),
+    (16, "threads: 3", "threads: 5", {"talker": 3, "code2wav": 5}, 3),
+    (16, "device: cuda", "", {"talker": 1, "code2wav": 15}, 0),   # a GPU talker's host thread lends nothing
+    (16, "device: cuda", "device: cuda", {"talker": 1, "code2wav": 1}, 0),
 ])
-def test_thread_budget(cpus, talker, code2wav, expected):
+def test_thread_budget(cpus, talker, code2wav, expected, lent):
     def stage(extra):
         return "{" + ", ".join(p for p in ("device: cpu" if "device" not in extra else "", extra) if p) + "}"
     cfg = parse_stage_config(f"stages:\n  talker: {stage(talker)}\n  code2wav: {stage(code2wav)}\n", SRC)
-    assert stage_threads(cfg, cpus) == expected
+    threads = stage_threads(cfg, cpus)
+    assert threads == expected
+    assert code2wav_lent_threads(cfg, threads) == lent
+
+
+@pytest.mark.parametrize("user_value", [None, "ACTIVE"])
+def test_stage_environment_passive_workers_for_the_talker_only(monkeypatch, user_value):
+    if user_value is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_value)
+    with stage_environment("talker"):
+        assert os.environ["OMP_WAIT_POLICY"] == (user_value or "PASSIVE")
+    with stage_environment("code2wav"):  # passive workers cost its decoder calls their second thread
+        assert os.environ.get("OMP_WAIT_POLICY") == user_value
+    assert os.environ.get("OMP_WAIT_POLICY") == user_value
 
 
 def test_thread_budget_reads_affinity():

@@ -54,13 +54,23 @@ def set_torch_threads(threads: int) -> None:
         pass
 
 
+def code2wav_lent_threads(pipeline: PipelineConfig, threads: dict[str, int]) -> int:
+    """Threads code2wav may add while the talker generates for none of its requests: the talker's, when both
+    stages compute on the CPU (the talker's cores would idle while code2wav decodes the last chunks)."""
+    stages = pipeline.stages
+    return threads["talker"] if stages.talker.device == stages.code2wav.device == "cpu" else 0
+
+
 @contextlib.contextmanager
-def stage_environment() -> Iterator[None]:
-    """While stage processes are spawned: OpenMP workers that sleep when idle (OMP_WAIT_POLICY=PASSIVE, unless the
-    user set it) instead of spinning for the core another stage needs; read by the runtime when a process loads
-    it, so it must be in the environment the child starts with."""
+def stage_environment(stage: str) -> Iterator[None]:
+    """While the `stage` process is spawned: the talker's OpenMP workers sleep when idle (OMP_WAIT_POLICY=PASSIVE,
+    unless the user set it) instead of spinning for a core code2wav needs. code2wav keeps the runtime's default (spin
+    briefly, then sleep): with passive workers every parallel region waits for a futex wake-up, and its decoder
+    calls gain nothing from a second thread (measured). Read when a process loads the runtime, so it must be in
+    the environment the child starts with."""
     saved = os.environ.get("OMP_WAIT_POLICY")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if stage == "talker":
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         yield
     finally:

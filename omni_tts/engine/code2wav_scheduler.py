@@ -67,6 +67,7 @@ class Code2WavRequest:
         self.num_taken = 0               # frames of chunks[0] already scheduled (a chunk may span steps)
         self.deadline = arrival_time     # monotonic seconds when its player runs (or ran) dry
         self.has_audio = False
+        self.generated = False           # its last chunk has arrived: the talker has nothing left to make for it
 
     def take(self, max_frames: int) -> ScheduledPiece:
         """The next at most `max_frames` frames of the oldest chunk."""
@@ -100,6 +101,7 @@ class Code2WavScheduler:
         if request is None:
             return False
         request.chunks.append(chunk)
+        request.generated |= chunk.is_last
         return True
 
     def abort(self, request_id: str) -> bool:
@@ -107,6 +109,10 @@ class Code2WavScheduler:
 
     def has_work(self) -> bool:
         return any(request.chunks for request in self.requests.values())
+
+    def all_generated(self) -> bool:
+        """Every request's last chunk has arrived: the talker is generating for none of them."""
+        return all(request.generated for request in self.requests.values())
 
     def schedule(self) -> list[ScheduledPiece]:
         # sorted() is stable and the dict keeps arrival order: equal deadlines go in arrival order

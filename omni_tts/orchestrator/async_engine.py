@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig, stage_environment, stage_threads
+from omni_tts.config import PipelineConfig, code2wav_lent_threads, stage_environment, stage_threads
 from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
@@ -142,10 +142,11 @@ class AsyncTTSEngine:
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
                                     if name == "talker"
-                                    else {"max_frames_per_step": cfg.max_frames_per_step}))
+                                    else {"max_frames_per_step": cfg.max_frames_per_step,
+                                          "lent_threads": code2wav_lent_threads(self.pipeline, self.threads)}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)
-            with stage_environment():
+            with stage_environment(name):
                 process.start()
             command = self._ctx.socket(zmq.PUSH)
             command.setsockopt(zmq.LINGER, 0)

@@ -39,6 +39,7 @@ class Code2WavStage:
         self.step_seconds = 0.0
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self.num_chunks = 0
+        self.threads, self.lent_threads = launch.threads, launch.lent_threads
 
     def run(self) -> None:
         self.reader.start()
@@ -62,11 +63,18 @@ class Code2WavStage:
                     self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
                 self.reader.release(chunk)
             if self.engine.has_work():
+                self._set_threads()
                 started = time.perf_counter()
                 outputs = self.engine.step()
                 self.step_seconds += time.perf_counter() - started
                 for out in outputs:
                     self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
+
+    def _set_threads(self) -> None:
+        # the talker's cores idle once it has generated every request's last frame: decode on them too
+        threads = self.threads + (self.lent_threads if self.engine.scheduler.all_generated() else 0)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def _handle(self, message: object) -> None:
         if isinstance(message, Register):

@@ -102,4 +102,5 @@ class StageLaunch(msgspec.Struct):
     max_text_tokens: int = 1024
     enforce_eager: bool = False      # talker: no CUDA graphs
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
+    lent_threads: int = 0            # code2wav: more threads while the talker generates for none of its requests
     max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start
