@@ -42,3 +42,21 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.stdout.read().decode(errors="replace")
+
+
+def stage_pids(server_pid: int) -> list[int]:
+    """The stage processes a server process spawned (not its resource tracker)."""
+    children = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            children.append(int(pid))
+    return children

@@ -45,6 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from typing import Callable
 
 import _posixshmem  # the POSIX shm_open behind multiprocessing.shared_memory; lets us attach untracked
 import msgspec
@@ -332,8 +333,9 @@ class ChunkWriter:
     throttle the engine if the queue grows.
     """
 
-    def __init__(self, spec: RingSpec) -> None:
+    def __init__(self, spec: RingSpec, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.spec = spec
+        self._on_error = on_error
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[bytes, int, int, np.ndarray, int]] = collections.deque()
         self._free: collections.deque[int] = collections.deque(range(spec.num_slots))
@@ -448,11 +450,12 @@ class ChunkWriter:
                 with self._cv:
                     self._written += 1
                     self._cv.notify_all()  # flush() waiters
-        except BaseException as exc:  # surface to put()/flush() instead of dying silently
+        except BaseException as exc:  # surface to put()/flush() and the owner instead of dying silently
             logger.exception("connector save loop failed")
             with self._cv:
                 self._error = exc
                 self._cv.notify_all()
+            _report(self._on_error, exc)
         finally:
             notify.close(linger=0)
 
@@ -474,8 +477,9 @@ class ChunkWriter:
                         else:  # never free a slot twice: it would be handed out twice
                             logger.warning("ignoring release of slot %d that is not in use", slot)
                     self._cv.notify_all()
-        except BaseException:
+        except BaseException as exc:
             logger.exception("connector release loop failed")
+            _report(self._on_error, exc)
         finally:
             release.close(linger=0)
             wake.close(linger=0)
@@ -489,8 +493,10 @@ class ChunkReader:
     other event sources of the engine loop (it is notified on every arrival).
     """
 
-    def __init__(self, spec: RingSpec, condition: threading.Condition | None = None) -> None:
+    def __init__(self, spec: RingSpec, condition: threading.Condition | None = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.spec = spec
+        self._on_error = on_error
         self._cv = condition or threading.Condition()
         self._queue: collections.deque[Chunk] = collections.deque()
         self._held: dict[int, Chunk] = {}  # slot -> the chunk currently occupying it
@@ -578,15 +584,22 @@ class ChunkReader:
                 ready = dict(poller.poll())  # no timeout: blocks until a notification or close()
                 if wake in ready:
                     return
-                chunks = []
+                chunks, unreadable = [], []
                 for slot in _drain_slots(notify):
                     if not 0 <= slot < self.spec.num_slots:
                         logger.warning("ignoring notification for slot %d out of range", slot)
                         continue
                     try:
                         chunks.append(self._ring.read(slot))
-                    except (ValueError, UnicodeDecodeError):  # a writer bug; never hand garbage on
+                    except (ValueError, UnicodeDecodeError) as exc:  # a writer bug; never hand garbage on
                         logger.exception("dropping unreadable chunk in slot %d", slot)
+                        unreadable.append((slot, exc))
+                if unreadable:
+                    with self._cv:  # the writer gets its slots back; the chunk's request is lost: the owner must know
+                        for slot, _ in unreadable:
+                            if not self._closed:
+                                self._release_sock.send(_SLOT_MSG.pack(slot), zmq.NOBLOCK)
+                    _report(self._on_error, unreadable[0][1])
                 with self._cv:
                     for chunk in chunks:
                         if chunk.slot in self._held:  # protocol violation: keep the first holder
@@ -596,11 +609,17 @@ class ChunkReader:
                         self._queue.append(chunk)
                         self._received += 1
                     self._cv.notify_all()
-        except BaseException:
+        except BaseException as exc:
             logger.exception("connector recv loop failed")
+            _report(self._on_error, exc)
         finally:
             notify.close(linger=0)
             wake.close(linger=0)
+
+
+def _report(on_error: Callable[[BaseException], None] | None, exc: BaseException) -> None:
+    if on_error is not None:
+        on_error(exc)
 
 
 def _close_stage(threads: list[threading.Thread], wake_tx: zmq.Socket | None, ctx: zmq.Context | None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import numpy as np
@@ -58,6 +59,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
+    p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
+                   help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="pipeline restarts within 10 minutes beyond which the server gives up and exits 1")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -83,7 +88,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
-    engine = AsyncTTSEngine(model_dir, pipeline)
+    if not args.stage_heartbeat_timeout > 0 or args.max_restarts < 0:
+        raise ValueError("--stage-heartbeat-timeout must be > 0 and --max-restarts >= 0")
+    engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
+                            max_restarts=args.max_restarts)
+    # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
+    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     app = build_app(engine, ServerConfig(
         served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path))
@@ -91,6 +101,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
           f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
+    if engine.fatal is not None:
+        print(f"omni-tts serve: error: {engine.fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -62,7 +62,7 @@ class ServerState:
 
 
 def error_response(error: ApiError) -> web.Response:
-    headers = {"Retry-After": "1"} if error.status == 429 else None
+    headers = {"Retry-After": "1"} if error.status in (429, 503) else None
     return web.json_response(error.body(), status=error.status, headers=headers)
 
 
@@ -103,7 +103,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
     if not state.engine.is_healthy:
         state.metrics.requests.labels("503").inc()
-        raise ApiError(503, "a pipeline stage is down; the server cannot synthesize")
+        raise ApiError(503, unavailable_message(state.engine))
     state.admitted += 1
     state.metrics.in_flight.inc()
     state.metrics.queue_depth.inc()
@@ -123,7 +123,12 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         waiting = False
         state.metrics.ttfp.observe(time.monotonic() - arrived)
         if not speech.streaming:
-            response = await respond_whole(state, speech, first, stream)
+            try:
+                response = await respond_whole(state, speech, first, stream)
+            except StageDeadError as e:
+                raise ApiError(503, str(e)) from None
+            except RequestFailed as e:
+                raise ApiError(500, f"speech generation failed: {e}") from None
         elif speech.stream_format == "sse":
             response = await respond_sse(request, state, speech, first, stream)
         else:
@@ -142,6 +147,14 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         state.metrics.in_flight.dec()
         if waiting:
             state.metrics.queue_depth.dec()
+
+
+def unavailable_message(engine: AsyncTTSEngine) -> str:
+    if engine.fatal is not None:
+        return f"the pipeline failed for good ({engine.fatal}); the server is exiting"
+    if engine.down is not None:
+        return f"stage {engine.down} failed ({engine.down_reason}); the pipeline is restarting, retry shortly"
+    return "the pipeline is not running"
 
 
 async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> tuple[SynthesisRequest, str | None]:
@@ -257,11 +270,19 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
     header = encoder.start()
     if header:
         await response.write(header)
-    async for chunk in _rest(first, stream):
-        if chunk.audio.size:
-            await response.write(await encode_chunk(state, encoder, chunk.audio))
-        if chunk.usage is not None:
-            _record_usage(state, chunk, started)
+    try:
+        async for chunk in _rest(first, stream):
+            if chunk.audio.size:
+                await response.write(await encode_chunk(state, encoder, chunk.audio))
+            if chunk.usage is not None:
+                _record_usage(state, chunk, started)
+    except (StageDeadError, RequestFailed) as e:
+        # the status line went out long ago: end the connection without the chunked body's terminator, so the
+        # client sees a truncated response instead of audio that merely stops (or a second response inside it)
+        logger.warning("streamed response cut: %s", e)
+        if request.transport is not None:
+            request.transport.close()
+        return response
     tail = encoder.finish()
     if tail:
         await response.write(tail)
@@ -360,8 +381,14 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    healthy = request.app[STATE].engine.is_healthy
-    return web.json_response({"status": "healthy" if healthy else "unhealthy"}, status=200 if healthy else 503)
+    """200 while the pipeline serves; 503 naming the failed stage while it restarts (or after it gave up)."""
+    engine = request.app[STATE].engine
+    if engine.is_healthy:
+        return web.json_response({"status": "healthy"})
+    body = {"status": "unhealthy", "message": unavailable_message(engine)}
+    if engine.down is not None:
+        body["stage"] = engine.down
+    return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
 
 async def metrics(request: web.Request) -> web.Response:

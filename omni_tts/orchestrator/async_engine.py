@@ -6,21 +6,30 @@
 
 Request life: tokenize (single-worker executor: the tokenizer is not re-entrant) → Register in stage 1 →
 AddRequest to stage 0 → audio events routed to the request's queue → final usage when stage 0 reported the
-frame count and stage 1 the last audio. Cancelling the consumer aborts the request in both stages. A stage that
-dies (process sentinel) fails every in-flight request with `StageDeadError` at once.
+frame count and stage 1 the last audio. Cancelling the consumer aborts the request in both stages.
+
+Supervision: a stage that exits, reports a failure, stops sending heartbeats or stays inside one loop iteration
+too long (hung), and an exception in the event task, each take one path (`_pipeline_failed`): every in-flight
+request fails with `StageDeadError` at once, both stage processes are killed, and the pipeline (ring, sockets,
+stages) is started again after a backoff. New requests get `StageDeadError` (the server answers 503) until it is
+ready. More than `max_restarts` restarts within `restart_window` seconds and the engine gives up (`fatal`), so a
+process supervisor can take over. A consumer slower than its audio by more than `max_buffered_seconds` is failed
+(`RequestFailed`), so no request can make the server buffer a whole utterance.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import msgspec
 import numpy as np
@@ -36,14 +45,15 @@ from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, Synthe
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
 from omni_tts.stages import code2wav_stage, talker_stage
-from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Ready, Register, Shutdown,
+from omni_tts.stages.common import HEARTBEAT_INTERVAL
+from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register, Shutdown,
                                       StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
 logger = logging.getLogger(__name__)
 
 
 class StageDeadError(RuntimeError):
-    """A stage process died; in-flight requests fail with this and the engine is unhealthy."""
+    """A stage failed (or the engine is restarting / shut down): in-flight requests fail with this."""
 
 
 class RequestFailed(RuntimeError):
@@ -70,6 +80,7 @@ class _Request:
     queue: asyncio.Queue
     input_tokens: int
     num_samples: int = 0
+    buffered_samples: int = 0    # queued, not yet taken by the consumer
     talker_done: TalkerDone | None = None
     audio_done: bool = False
 
@@ -82,12 +93,22 @@ class _Stage:
     pid: int | None = None
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     stats: asyncio.Future | None = None
+    heartbeat_at: float = field(default_factory=time.monotonic)
+    busy_seconds: float = 0.0
 
 
 class AsyncTTSEngine:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0) -> None:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
+                 heartbeat_timeout: float = 5.0, step_timeout: float = 120.0, max_restarts: int = 5,
+                 restart_window: float = 600.0, max_buffered_seconds: float = 60.0) -> None:
+        """heartbeat_timeout: seconds without a heartbeat before a ready stage counts as hung (stopped, or its
+        process starved); step_timeout: seconds one loop iteration may take (a deadlocked step). Restarts beyond
+        max_restarts within restart_window make the engine give up."""
         self.model_dir, self.pipeline = model_dir, pipeline
         self.startup_timeout = startup_timeout
+        self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
+        self.max_restarts, self.restart_window = max_restarts, restart_window
+        self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         self.threads = stage_threads(pipeline)
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
@@ -97,12 +118,18 @@ class AsyncTTSEngine:
         self.audio_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-audio")
         self.requests: dict[str, _Request] = {}
         self.stages: dict[str, _Stage] = {}
-        self.dead: str | None = None
+        self.down: str | None = None        # the stage (or "orchestrator") whose failure is being recovered from
+        self.down_reason: str | None = None
+        self.fatal: str | None = None       # why the engine gave up restarting
+        self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
+        self._restart_times: collections.deque[float] = collections.deque()
         self._ring: RingOwner | None = None
         self._ipc_dir: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._events: zmq.asyncio.Socket | None = None
-        self._event_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []    # this pipeline's event and watchdog tasks
+        self._recovery: asyncio.Task | None = None
+        self.on_fatal: Callable[[str], None] | None = None   # called once when the engine gives up
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
         self._closed = False
@@ -116,19 +143,31 @@ class AsyncTTSEngine:
         await self.shutdown()
 
     async def start(self) -> None:
+        """Start the pipeline; raises (and cleans up) if a stage cannot start."""
         cleanup_stale_segments()
+        self._ctx = zmq.asyncio.Context()
+        try:
+            await self._start_pipeline()
+        except BaseException:
+            await self.shutdown()
+            raise
+
+    async def _start_pipeline(self) -> None:
+        """Ring, control sockets and both stage processes; returns when both are ready."""
         conn, stages = self.pipeline.connector, self.pipeline.stages
         self._ring = RingOwner.create(conn.ring_slots, conn.ring_slot_frames, self.config.talker.num_code_groups,
                                       edge="codec")
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_ctl_")
-        self._ctx = zmq.asyncio.Context()
         self._events = self._ctx.socket(zmq.PULL)
         self._events.setsockopt(zmq.LINGER, 0)
         event_address = f"ipc://{self._ipc_dir}/events"
         self._events.bind(event_address)
-        self._event_task = asyncio.create_task(self._event_loop())
+        self._tasks = [asyncio.create_task(self._event_loop(self._events)), asyncio.create_task(self._watchdog())]
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
         spawn = multiprocessing.get_context("spawn")
         loop = asyncio.get_running_loop()
+        self.stages = {}
         for name, entry, cfg in (("talker", talker_stage.main, stages.talker),
                                  ("code2wav", code2wav_stage.main, stages.code2wav)):
             address = f"ipc://{self._ipc_dir}/{name}"
@@ -153,42 +192,55 @@ class AsyncTTSEngine:
             command.connect(address)
             stage = self.stages[name] = _Stage(name, process, command)
             loop.add_reader(process.sentinel, self._on_stage_exit, stage)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
-        except BaseException:
-            await self.shutdown()
-            raise
+        await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
+
+    async def _stop_pipeline(self, graceful: bool) -> None:
+        """Stop the stages (gracefully, else kill them at once), then drop the ring, sockets and tasks."""
+        loop = asyncio.get_running_loop()
+        for stage in self.stages.values():
+            loop.remove_reader(stage.process.sentinel)
+            if graceful and stage.process.is_alive():
+                try:
+                    await stage.command.send(self._encoder.encode(Shutdown()))
+                except zmq.ZMQError:
+                    pass
+        for stage in self.stages.values():
+            if not graceful and stage.process.is_alive():
+                stage.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+            await loop.run_in_executor(None, _stop_process, stage.process)
+            stage.command.close(linger=0)
+        for task in self._tasks:
+            task.remove_done_callback(self._on_task_done)
+            task.cancel()
+        self._tasks = []
+        if self._events is not None:
+            self._events.close(linger=0)
+            self._events = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
 
     async def shutdown(self) -> None:
         """Stop the stages (gracefully, then by force), unlink the ring, close sockets and executors."""
         if self._closed:
             return
         self._closed = True
-        loop = asyncio.get_running_loop()
-        for stage in self.stages.values():
-            loop.remove_reader(stage.process.sentinel)
-            if stage.process.is_alive():
-                try:
-                    await stage.command.send(self._encoder.encode(Shutdown()))
-                except zmq.ZMQError:
-                    pass
-        for stage in self.stages.values():
-            await loop.run_in_executor(None, _stop_process, stage.process)
+        if self._recovery is not None:
+            self._recovery.cancel()
+        await self._stop_pipeline(graceful=True)
         self._fail_all(StageDeadError("the engine is shutting down"))
-        if self._event_task is not None:
-            self._event_task.cancel()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
-        if self._ring is not None:
-            self._ring.close()
-        if self._ipc_dir is not None:
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
         self.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.audio_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_healthy(self) -> bool:
-        return not self._closed and self.dead is None and all(s.process.is_alive() for s in self.stages.values())
+        return (not self._closed and self.down is None and bool(self.stages)
+                and all(s.process.is_alive() for s in self.stages.values()))
 
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
@@ -218,10 +270,11 @@ class AsyncTTSEngine:
             ref_audio = wav.astype(np.float32).tobytes()
         self._check_alive()
         state = self.requests[rid] = _Request(asyncio.Queue(), len(prompt.text_ids))
+        stages = self.stages  # this pipeline's: a restart replaces the dict
         finished = False
         try:
-            await self.stages["code2wav"].command.send(self._encoder.encode(Register(rid)))
-            await self.stages["talker"].command.send(self._encoder.encode(AddRequest(
+            await stages["code2wav"].command.send(self._encoder.encode(Register(rid)))
+            await stages["talker"].command.send(self._encoder.encode(AddRequest(
                 request_id=rid, role_ids=prompt.role_ids, text_ids=prompt.text_ids, instruct_ids=prompt.instruct_ids,
                 language_id=prompt.language_id, speaker_id=prompt.speaker_id, non_streaming=prompt.non_streaming,
                 ref_text_ids=prompt.ref_text_ids, ref_audio=ref_audio,
@@ -233,15 +286,18 @@ class AsyncTTSEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                state.buffered_samples -= item.audio.shape[0]
                 if output_dtype == "int16":
                     item.audio = (np.clip(item.audio, -1.0, 1.0) * 32767.0).round().astype(np.int16)
                 yield item
                 if item.usage is not None:
                     finished = True
                     return
+        except zmq.ZMQError:  # the pipeline was torn down between the check and the send
+            raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting") from None
         finally:
             self.requests.pop(rid, None)
-            if not finished and self.dead is None and not self._closed:
+            if not finished and stages is self.stages and self.down is None and not self._closed:
                 await self.abort(rid)
 
     async def abort(self, request_id: str) -> None:
@@ -278,29 +334,59 @@ class AsyncTTSEngine:
     def _check_alive(self) -> None:
         if self._closed:
             raise StageDeadError("the engine is shut down")
-        if self.dead is not None:
-            raise StageDeadError(f"stage {self.dead} is dead")
+        if self.fatal is not None:
+            raise StageDeadError(f"the pipeline failed for good: {self.fatal}")
+        if self.down is not None:
+            raise StageDeadError(f"stage {self.down} failed and is restarting")
 
     # --- events from the stages -----------------------------------------------------------------------------
-    async def _event_loop(self) -> None:
+    async def _event_loop(self, events: zmq.asyncio.Socket) -> None:
+        # an exception here ends the task; _on_task_done turns that into a pipeline failure
         while True:
-            event = self._decoder.decode(await self._events.recv())
+            event = self._decoder.decode(await events.recv())
             if isinstance(event, AudioChunk):
                 self._on_audio(event)
             elif isinstance(event, TalkerDone):
                 self._on_talker_done(event)
+            elif isinstance(event, Heartbeat):
+                stage = self.stages[event.stage]
+                stage.heartbeat_at, stage.busy_seconds = time.monotonic(), event.busy_seconds
             elif isinstance(event, StageStats):
                 stage = self.stages[event.stage]
                 if stage.stats is not None and not stage.stats.done():
                     stage.stats.set_result(event)
             elif isinstance(event, Ready):
                 stage = self.stages[event.stage]
-                stage.pid = event.pid
+                stage.pid, stage.heartbeat_at = event.pid, time.monotonic()
                 if not stage.ready.done():
                     stage.ready.set_result(None)
             elif isinstance(event, StageFailed):
                 logger.error("stage %s failed:\n%s", event.stage, event.error)
-                self._mark_dead(event.stage, event.error.strip().splitlines()[-1])
+                self._pipeline_failed(event.stage, event.error.strip().splitlines()[-1])
+
+    async def _watchdog(self) -> None:
+        """A ready stage that sends no heartbeat (stopped, or starved of CPU) or stays in one loop iteration too
+        long (deadlocked) is hung."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            now = time.monotonic()
+            for stage in self.stages.values():
+                if not stage.ready.done():
+                    continue  # loading: start() waits for Ready with its own timeout
+                if now - stage.heartbeat_at > self.heartbeat_timeout:
+                    self._pipeline_failed(stage.name, f"hung: no heartbeat for {now - stage.heartbeat_at:.1f} s")
+                    return
+                if stage.busy_seconds > self.step_timeout:
+                    self._pipeline_failed(stage.name, f"hung: one step has run for {stage.busy_seconds:.0f} s")
+                    return
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        logger.error("orchestrator task %s ended", task.get_coro().__qualname__,
+                     exc_info=(type(error), error, error.__traceback__) if error else None)
+        self._pipeline_failed("orchestrator", f"{type(error).__name__}: {error}" if error else "task ended")
 
     def _on_audio(self, event: AudioChunk) -> None:
         state = self.requests.get(event.request_id)
@@ -309,6 +395,14 @@ class AsyncTTSEngine:
         audio = np.frombuffer(event.pcm, dtype=np.float32)
         state.num_samples += audio.shape[0]
         if audio.shape[0]:
+            state.buffered_samples += audio.shape[0]
+            if state.buffered_samples > self.max_buffered_samples:  # the consumer stalls: free its memory now
+                del self.requests[event.request_id]
+                state.queue.put_nowait(RequestFailed(
+                    f"the client read the audio too slowly (over {self.max_buffered_samples / SAMPLE_RATE:.0f} s "
+                    "of audio waiting)"))
+                asyncio.create_task(self.abort(event.request_id))
+                return
             state.queue.put_nowait(GenerationChunk(audio))
         state.audio_done = event.finished
         self._maybe_finish(event.request_id, state)
@@ -334,22 +428,54 @@ class AsyncTTSEngine:
 
     def _on_stage_exit(self, stage: _Stage) -> None:
         asyncio.get_running_loop().remove_reader(stage.process.sentinel)
-        if not self._closed:
-            self._mark_dead(stage.name, f"process {stage.process.pid} exited")
+        self._pipeline_failed(stage.name, f"process {stage.process.pid} exited")
 
-    def _mark_dead(self, name: str, why: str) -> None:
-        if self.dead is None:
-            self.dead = name
-            logger.error("stage %s is dead: %s", name, why)
-        error = StageDeadError(f"stage {name} died: {why}")
+    # --- failure and recovery -------------------------------------------------------------------------------
+    def _pipeline_failed(self, name: str, why: str) -> None:
+        """The one place a failure lands: fail every in-flight request, then restart the pipeline."""
+        if self._closed or self.down is not None:
+            return  # already recovering (the other stage's exit, a late event) or shutting down
+        self.down, self.down_reason = name, why
+        logger.error("stage %s failed: %s; restarting the pipeline", name, why)
+        error = StageDeadError(f"stage {name} failed: {why}")
         for stage in self.stages.values():
             if not stage.ready.done():
                 stage.ready.set_exception(error)
+                stage.ready.exception()  # retrieved: start() may not be waiting on it
         self._fail_all(error)
+        self._recovery = asyncio.create_task(self._recover(name))
+
+    async def _recover(self, name: str) -> None:
+        delay = 0.0
+        while not self._closed:
+            await self._stop_pipeline(graceful=False)
+            now = time.monotonic()
+            while self._restart_times and now - self._restart_times[0] > self.restart_window:
+                self._restart_times.popleft()
+            if len(self._restart_times) >= self.max_restarts:
+                self.fatal = (f"{len(self._restart_times)} restarts within {self.restart_window:.0f} s; last: "
+                              f"stage {self.down} {self.down_reason}")
+                logger.critical("giving up: %s", self.fatal)
+                if self.on_fatal is not None:
+                    self.on_fatal(self.fatal)
+                return
+            await asyncio.sleep(delay)
+            self._restart_times.append(time.monotonic())
+            self.restarts[name] += 1
+            try:
+                await self._start_pipeline()
+            except Exception as e:  # noqa: BLE001 — any start failure is retried, then given up on
+                logger.error("pipeline restart failed: %s: %s", type(e).__name__, e)
+                delay = min(max(2 * delay, 1.0), 30.0)
+                continue
+            self.down = self.down_reason = None
+            logger.warning("pipeline restarted after stage %s failed (restart %d)", name, sum(self.restarts.values()))
+            return
 
     def _fail_all(self, error: BaseException) -> None:
         for state in self.requests.values():
             state.queue.put_nowait(error)
+        self.requests.clear()
 
 
 def _stop_process(process: multiprocessing.Process) -> None:

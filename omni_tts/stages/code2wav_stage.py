@@ -33,8 +33,9 @@ class Code2WavStage:
                     "measured" if launch.max_frames_per_step is None else "configured")
         self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames)
         self.condition = threading.Condition()
-        self.reader = ChunkReader(launch.ring, condition=self.condition)  # ring arrivals wake the same loop
         self.io = StageIO(launch, self.condition)
+        self.reader = ChunkReader(launch.ring, condition=self.condition,  # ring arrivals wake the same loop
+                                  on_error=lambda e: self.io.thread_failed("connector", e))
         self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.step_seconds = 0.0
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
@@ -45,8 +46,7 @@ class Code2WavStage:
         self.reader.start()
         self.io.send(Ready("code2wav", os.getpid()))
         while True:
-            with self.condition:
-                self.condition.wait_for(lambda: self.io.inbox or self.reader.stats().queued or self.engine.has_work())
+            self.io.wait(lambda: self.reader.stats().queued > 0 or self.engine.has_work())
             for message in self.io.take_commands():
                 if isinstance(message, Shutdown):
                     self.reader.close()

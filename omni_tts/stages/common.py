@@ -1,10 +1,16 @@
-"""What both stage processes share: the control inbox thread and the process main wrapper."""
+"""What both stage processes share: the control inbox thread, the heartbeat thread and the process main wrapper.
+
+Failure model: any exception in the main loop or in a helper thread (control, connector) ends the process after a
+StageFailed event; the orchestrator restarts the pipeline. A stopped or stuck process is caught by its heartbeats
+(the orchestrator kills it). A stage whose parent died cleans up what the parent owned and exits.
+"""
 from __future__ import annotations
 
 import collections
 import logging
 import os
 import threading
+import time
 import traceback
 from typing import Callable
 
@@ -12,8 +18,13 @@ import msgspec
 import zmq
 
 from omni_tts.config.threads import set_torch_threads
+from omni_tts.connectors.shm_ring import cleanup_stale_segments
 
-from .protocol import StageCommand, StageEvent, StageFailed, StageLaunch
+from .protocol import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 0.5  # seconds; the orchestrator's timeout is several of these
 
 _command_decoder = msgspec.msgpack.Decoder(StageCommand)
 # compute-bound CPU stages yield to the API process, whose event loop must answer in milliseconds; the talker yields
@@ -22,11 +33,30 @@ _command_decoder = msgspec.msgpack.Decoder(StageCommand)
 CPU_STAGE_NICENESS = {"talker": 8, "code2wav": 5}
 
 
+class ThreadFailed(Exception):
+    """A helper thread of the stage died; put in the inbox so the main loop raises it (and the stage fails)."""
+
+
+class LoopClock:
+    """When the main loop's current iteration began (None while it waits for work), read by the heartbeat thread."""
+
+    def __init__(self) -> None:
+        self.busy_since: float | None = None
+
+    def busy_seconds(self) -> float:
+        since = self.busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+
+LOOP_CLOCK = LoopClock()  # one stage per process
+
+
 class StageIO:
     """Control messages in (a thread blocked in zmq recv appends to an inbox and notifies `condition`),
     events out (a PUSH socket used only by the stage's main thread)."""
 
     def __init__(self, launch: StageLaunch, condition: threading.Condition) -> None:
+        self.stage = launch.stage
         self.condition = condition
         self.inbox: collections.deque = collections.deque()
         self.ctx = zmq.Context(io_threads=1)
@@ -45,15 +75,34 @@ class StageIO:
                 message = _command_decoder.decode(self.commands.recv())
             except zmq.ZMQError:
                 return
+            except BaseException as e:  # an undecodable command: the stage fails rather than drop it silently
+                self.thread_failed("control", e)
+                return
             with self.condition:
                 self.inbox.append(message)
                 self.condition.notify_all()
+
+    def thread_failed(self, thread: str, error: BaseException) -> None:
+        """Called by a dying helper thread: the main loop wakes and raises ThreadFailed."""
+        with self.condition:
+            self.inbox.append(ThreadFailed(f"{self.stage} {thread} thread failed: {type(error).__name__}: {error}"))
+            self.condition.notify_all()
+
+    def wait(self, has_work: Callable[[], bool]) -> None:
+        """Block until a command arrives or `has_work()`; the loop counts as busy from the return on."""
+        LOOP_CLOCK.busy_since = None
+        with self.condition:
+            self.condition.wait_for(lambda: self.inbox or has_work())
+        LOOP_CLOCK.busy_since = time.monotonic()
 
     def take_commands(self) -> list:
         with self.condition:
             messages = list(self.inbox)
             self.inbox.clear()
-            return messages
+        for message in messages:
+            if isinstance(message, ThreadFailed):
+                raise message
+        return messages
 
     def send(self, event: StageEvent) -> None:
         self.events.send(self.encoder.encode(event))
@@ -72,6 +121,9 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     if launch.device == "cpu":
         os.nice(CPU_STAGE_NICENESS[launch.stage])
     set_torch_threads(launch.threads)
+    LOOP_CLOCK.busy_since = time.monotonic()  # loading counts as busy (the orchestrator waits for Ready first)
+    threading.Thread(target=_heartbeat_loop, args=(launch, os.getppid()), name=f"omni-tts-{launch.stage}-heartbeat",
+                     daemon=True).start()
     try:
         main(launch)
         # exit without interpreter teardown: the control thread is blocked in zmq recv, and terminating its
@@ -88,3 +140,24 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
             sock.close()
         finally:
             os._exit(1)
+
+
+def _heartbeat_loop(launch: StageLaunch, parent_pid: int) -> None:
+    """Heartbeats on a socket of its own (zmq sockets are single-threaded); exits the process when the parent dies,
+    after removing the parent's shared memory and ipc files (nobody else is left to)."""
+    ctx = zmq.Context(io_threads=1)
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 4)  # a parent that stopped reading must not grow our memory
+    sock.connect(launch.event_address)
+    encoder = msgspec.msgpack.Encoder()
+    while True:
+        if os.getppid() != parent_pid:
+            logger.error("%s: the server process %d is gone; exiting", launch.stage, parent_pid)
+            cleanup_stale_segments()
+            os._exit(1)
+        try:
+            sock.send(encoder.encode(Heartbeat(launch.stage, LOOP_CLOCK.busy_seconds())), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        time.sleep(HEARTBEAT_INTERVAL)

@@ -82,7 +82,14 @@ class StageFailed(msgspec.Struct, tag=True):
     error: str
 
 
-StageEvent = Ready | TalkerDone | AudioChunk | StageStats | StageFailed
+class Heartbeat(msgspec.Struct, tag=True):
+    """Sent every HEARTBEAT_INTERVAL by a thread of each stage: the process runs (a stopped one sends none),
+    and its loop is not stuck (busy_seconds: time inside the current iteration, 0 while it waits for work)."""
+    stage: str
+    busy_seconds: float
+
+
+StageEvent = Ready | TalkerDone | AudioChunk | StageStats | StageFailed | Heartbeat
 
 
 class StageLaunch(msgspec.Struct):

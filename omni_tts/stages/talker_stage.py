@@ -29,9 +29,9 @@ class TalkerStage:
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, launch.max_model_len,
                                    launch.max_prefill_tokens_per_step, launch.max_text_tokens,
                                    cuda_graphs=not launch.enforce_eager)
-        self.writer = ChunkWriter(launch.ring)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
+        self.writer = ChunkWriter(launch.ring, on_error=lambda e: self.io.thread_failed("connector", e))
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
         self.chunkers: dict[str, FrameChunker] = {}
@@ -44,9 +44,7 @@ class TalkerStage:
         self.writer.start()
         self.io.send(Ready("talker", os.getpid()))
         while True:
-            with self.condition:
-                self.condition.wait_for(lambda: self.io.inbox or self.voice_features.has_finished()
-                                        or self.engine.has_work())
+            self.io.wait(lambda: self.voice_features.has_finished() or self.engine.has_work())
             for message in self.io.take_commands():
                 if isinstance(message, Shutdown):
                     self.voice_features.close()

@@ -1,0 +1,236 @@
+"""Supervision and self-healing (issue 10): real stage processes, real faults — kill -9, SIGSTOP, a corrupt ring
+chunk, an exception in the orchestrator's event task, a slow consumer, a killed server process. Every fault fails
+the in-flight requests fast, the pipeline restarts by itself, and a greedy request afterwards equals its golden."""
+import asyncio
+import http.client
+import json
+import mmap
+import os
+import signal
+import struct
+import time
+
+import _posixshmem
+import numpy as np
+import pytest
+import zmq
+
+from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests
+from omni_tts.config import load_stage_config
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, StageDeadError
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from server_util import ServerProcess, stage_pids
+
+CASE = next(c for c in GOLDEN_CASES if c["variant"] == "tiny-custom-voice")
+RECOVERY_SECONDS = 30
+
+
+def long_requests(n: int) -> list[SynthesisRequest]:
+    return [SynthesisRequest(text="A sentence that runs for a while.", voice="ryan",
+                             sampling=SamplingParams(temperature=0, repetition_penalty=1.0, max_new_tokens=400))
+            for _ in range(n)]
+
+
+async def collect(engine: AsyncTTSEngine, request: SynthesisRequest) -> np.ndarray:
+    return np.concatenate([c.audio async for c in engine.generate(request)])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def segments(owner_pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{owner_pid}_")]
+
+
+async def fault_then_recover(fault, **engine_kwargs) -> None:
+    """Start an engine, run 4 long requests, inject `fault(engine)`, and check: every in-flight request fails within
+    2 s (+ the heartbeat timeout for a hang), requests during recovery are refused, the pipeline is healthy again
+    within RECOVERY_SECONDS and a greedy request equals its golden audio; at shutdown nothing is left."""
+    engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
+    await engine.start()
+    old_pids = engine.stage_pids()
+    try:
+        tasks = [asyncio.create_task(collect(engine, r)) for r in long_requests(4)]
+        await asyncio.sleep(0.5)
+        assert not any(t.done() for t in tasks)
+        faulted_at = time.monotonic()
+        expected_stage = fault(engine)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=15)
+        failed_after = time.monotonic() - faulted_at
+        assert all(isinstance(r, StageDeadError) for r in results), results
+        assert failed_after < 2.0 + engine_kwargs.get("heartbeat_timeout", 0), failed_after
+        assert engine.restarts[expected_stage] >= 1 or engine.down == expected_stage
+        if not engine.is_healthy:
+            with pytest.raises(StageDeadError, match="restarting"):
+                await collect(engine, long_requests(1)[0])
+        deadline = time.monotonic() + RECOVERY_SECONDS
+        while not engine.is_healthy and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert engine.is_healthy, (engine.down, engine.down_reason, engine.fatal)
+        assert engine.restarts[expected_stage] == 1
+        assert not any(alive(pid) for pid in old_pids.values())  # the failed pipeline's processes are gone
+        request = case_requests(CASE)[0]
+        audio = await collect(engine, request)
+        np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
+    finally:
+        pids = engine.stage_pids()
+        await engine.shutdown()
+    assert not any(alive(pid) for pid in pids.values())
+    assert segments(os.getpid()) == []
+
+
+@pytest.mark.parametrize("stage", ["talker", "code2wav"])
+def test_killed_stage_fails_requests_fast_and_the_pipeline_restarts(stage):
+    def kill(engine):
+        os.kill(engine.stage_pids()[stage], signal.SIGKILL)
+        return stage
+    asyncio.run(fault_then_recover(kill))
+
+
+def test_stopped_stage_is_declared_hung_killed_and_restarted():
+    stopped = []
+
+    def stop(engine):
+        stopped.append(engine.stage_pids()["code2wav"])
+        os.kill(stopped[0], signal.SIGSTOP)
+        return "code2wav"
+    asyncio.run(fault_then_recover(stop, heartbeat_timeout=1.5))
+    assert not alive(stopped[0])
+
+
+def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
+    """A chunk header the reader cannot parse: its slot goes back to the writer and the stage fails loudly
+    (its request would otherwise wait forever for a chunk that was dropped)."""
+    def corrupt(engine):
+        spec = engine._ring.spec
+        slot = spec.num_slots - 1  # far from the slots 4 requests use
+        fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
+        with mmap.mmap(fd, spec.total_bytes) as mm:
+            struct.pack_into("<I", mm, slot * spec.slot_bytes + 16, 0xFFFFFFFF)  # num_frames beyond max_frames
+        os.close(fd)
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
+            sock.connect(spec.notify_address)
+            sock.send(struct.pack("<I", slot))
+            sock.close(linger=1000)
+        return "code2wav"
+    asyncio.run(fault_then_recover(corrupt))
+
+
+def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
+    def garbage_event(engine):
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
+            sock.connect(f"ipc://{engine._ipc_dir}/events")
+            sock.send(b"\xc1 not msgpack")
+            sock.close(linger=1000)
+        return "orchestrator"
+    asyncio.run(fault_then_recover(garbage_event))
+
+
+def test_restarts_beyond_the_limit_make_the_engine_give_up():
+    async def main():
+        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
+        fatal = []
+        engine.on_fatal = fatal.append
+        await engine.start()
+        try:
+            for _ in range(2):
+                while not engine.is_healthy and not fatal:
+                    await asyncio.sleep(0.1)
+                os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
+                await asyncio.sleep(0.5)
+            deadline = time.monotonic() + RECOVERY_SECONDS
+            while not fatal and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert fatal and "restarts" in fatal[0] and engine.fatal == fatal[0]
+            assert not engine.is_healthy
+            with pytest.raises(StageDeadError, match="for good"):
+                await collect(engine, long_requests(1)[0])
+        finally:
+            await engine.shutdown()
+    asyncio.run(main())
+
+
+def test_slow_consumer_is_failed_instead_of_buffered():
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                                  max_buffered_seconds=1.0) as engine:
+            stream = engine.generate(long_requests(1)[0])
+            await anext(stream)
+            await asyncio.sleep(3.0)  # the client stops reading; the stages keep producing
+            with pytest.raises(RequestFailed, match="too slowly"):
+                async for _ in stream:
+                    pass
+            assert engine.requests == {}
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                stats = await engine.stats()
+                if not any(s.request_ids for s in stats.values()):
+                    break
+                await asyncio.sleep(0.1)
+            assert not any(s.request_ids for s in stats.values())  # aborted in both stages
+            assert engine.is_healthy
+    asyncio.run(main())
+
+
+# --- the HTTP server ------------------------------------------------------------------------------------------
+def test_killed_server_process_takes_its_stages_and_shared_memory_along():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"))
+    pids = stage_pids(server.proc.pid)
+    assert len(pids) == 2 and segments(server.proc.pid)
+    server.proc.kill()
+    server.proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (any(alive(p) for p in pids) or segments(server.proc.pid)):
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
+    assert segments(server.proc.pid) == []
+
+
+def _health(port: int) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/health")
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", "m")
+    try:
+        body = json.dumps({"model": "m", "voice": "ryan", "input": "A long one.", "response_format": "pcm",
+                           "stream": True, "temperature": 0, "repetition_penalty": 1.0, "max_new_tokens": 2000})
+        streaming = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        streaming.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+        response = streaming.getresponse()
+        assert response.status == 200 and len(response.read(3840)) == 3840
+        whole = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        whole.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), stream=False)),
+                      {"Content-Type": "application/json"})
+        time.sleep(0.3)
+        os.kill(stage_pids(server.proc.pid)[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(http.client.IncompleteRead) as cut:  # not a second response inside the body
+            response.read()
+        assert b"HTTP/1.1" not in cut.value.partial and time.monotonic() - killed_at < 2.0
+        failed = whole.getresponse()
+        assert failed.status == 503 and failed.getheader("Retry-After") == "1"
+        assert json.loads(failed.read())["error"]["code"] == "service_unavailable"
+        status, health = _health(server.port)
+        if status == 503:
+            assert health["status"] == "unhealthy" and health["stage"] in ("talker", "code2wav")
+        deadline = time.monotonic() + RECOVERY_SECONDS
+        while _health(server.port)[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _health(server.port) == (200, {"status": "healthy"})
+        ok = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        ok.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), max_new_tokens=10, stream=False)),
+                   {"Content-Type": "application/json"})
+        assert ok.getresponse().status == 200
+    finally:
+        server.stop()
