@@ -115,6 +115,7 @@ class StageIO:
 def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
+    _name_process(f"omni-tts-{launch.stage}")
     # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("omni_tts").setLevel(logging.INFO)
@@ -140,6 +141,15 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
             sock.close()
         finally:
             os._exit(1)
+
+
+def _name_process(name: str) -> None:
+    """What ps/top show for this process (Linux; 15 characters), so an operator can tell the stages apart."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
 
 
 def _heartbeat_loop(launch: StageLaunch, parent_pid: int) -> None:
