@@ -293,3 +293,39 @@ def test_idle_cpu_is_near_zero(procs):
         out = collect(results, 2)
         assert_exited_ok(w, r)
     assert out["writer"] < 0.05 and out["reader"] < 0.05, out
+
+
+def test_unreadable_chunk_frees_its_slot_and_is_reported():
+    """A corrupt header: the chunk is not handed on, its slot goes back to the writer (here a bare socket in the
+    writer's place, to see the release), and the owner is told: the stage then fails and restarts rather than
+    leave that chunk's request waiting forever."""
+    import mmap
+    import struct
+    import threading
+
+    import _posixshmem
+    import zmq
+
+    with RingOwner.create(num_slots=4, max_frames=4) as owner, zmq.Context() as ctx:
+        spec = owner.spec
+        releases = ctx.socket(zmq.PULL)
+        releases.bind(spec.release_address)
+        notify = ctx.socket(zmq.PUSH)
+        notify.connect(spec.notify_address)
+        errors, reported = [], threading.Event()
+
+        def on_error(e: BaseException) -> None:
+            errors.append(e)
+            reported.set()
+        with ChunkReader(spec, on_error=on_error) as reader:
+            slot = 2
+            fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
+            with mmap.mmap(fd, spec.total_bytes) as mm:
+                struct.pack_into("<I", mm, slot * spec.slot_bytes + 16, 0xFFFFFFFF)  # num_frames > max_frames
+            os.close(fd)
+            notify.send(struct.pack("<I", slot))
+            assert reported.wait(5) and "corrupt header" in str(errors[0])
+            assert releases.poll(5000) and struct.unpack("<I", releases.recv()) == (slot,)
+            assert reader.get(timeout=0.2) is None and reader.stats().slots_held == 0
+        releases.close(linger=0)
+        notify.close(linger=0)
