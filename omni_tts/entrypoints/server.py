@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
 
 Routes: POST /v1/audio/speech, GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name}, GET /v1/models,
-GET /health, GET /metrics. CPU work (tokenizer: single worker inside the engine; reference audio, encoding,
-base64: a small bounded pool) never runs on the loop.
+GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work (tokenizer: single worker inside the engine;
+reference audio, encoding, base64: a small bounded pool) never runs on the loop.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_
 from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
+from omni_tts.entrypoints.openapi import openapi_route
 from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
 from omni_tts.entrypoints.voices import VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
@@ -426,5 +427,6 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/v1/models", list_models),
         web.get("/health", health),
         web.get("/metrics", metrics),
+        openapi_route(config.served_model_name, api_key_required=config.api_key is not None),
     ])
     return app

@@ -1,0 +1,177 @@
+"""The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
+
+The speech request schema is derived from `SpeechRequest` (msgspec), so the document states exactly what the
+server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed to the one served model, which
+the server enforces (404 otherwise). tests/test_openapi.py checks that every route of the app is documented, and
+tests/test_fuzz.py drives the server with inputs generated from this document.
+"""
+from __future__ import annotations
+
+import json
+from typing import get_args
+
+import msgspec
+from aiohttp import web
+
+from omni_tts.audio.encoding import content_type
+from omni_tts.entrypoints.protocol import ResponseFormat, SpeechRequest
+from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
+
+_SCHEMAS = "#/components/schemas/"
+
+
+def _json(schema_name: str, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": _SCHEMAS + schema_name}}}}
+
+
+def _error(description: str) -> dict:
+    return _json("ErrorResponse", description)
+
+
+_ERROR_RESPONSE = {
+    "type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+_VOICE = {
+    "type": "object",
+    "required": ["name", "ref_text", "created_at", "file_size", "mime_type", "duration_s", "consent"],
+    "properties": {"name": {"type": "string"}, "ref_text": {"type": ["string", "null"]},
+                   "created_at": {"type": "number"}, "file_size": {"type": "integer"},
+                   "mime_type": {"type": "string"}, "duration_s": {"type": "number"},
+                   "consent": {"type": ["string", "null"]}}}
+_VOICE_LIST = {"type": "object", "required": ["voices", "uploaded_voices"], "properties": {
+    "voices": {"type": "array", "items": {"type": "string"}},
+    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}}}}
+_VOICE_UPLOAD = {  # the multipart form read by server.read_voice_form
+    "type": "object", "required": ["name", "audio_sample"],
+    "properties": {
+        "name": {"type": "string", "description": "1–64 letters, digits, '_', '.' or '-', not starting with '.'; "
+                                                  "an existing voice of that name (any case) is replaced"},
+        "audio_sample": {"type": "string", "contentMediaType": "application/octet-stream",
+                         "description": "the reference clip: wav, flac, ogg or mp3 (sniffed, not trusted by MIME "
+                                        "type); the field may also be called `file`"},
+        "ref_text": {"type": "string", "maxLength": MAX_REF_TEXT_CHARS,
+                     "description": "the clip's transcript (enables in-context cloning)"},
+        "consent": {"type": "string", "maxLength": MAX_CONSENT_CHARS}}}
+_MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
+    "object": {"const": "list"},
+    "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
+                                        "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                                                       "created": {"type": "integer"},
+                                                       "owned_by": {"type": "string"}}}}}}
+_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
+          "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
+_SPEECH_EVENT_DATA = {"oneOf": [
+    {"type": "object", "required": ["type", "audio", "response_format"],
+     "properties": {"type": {"const": "speech.audio.delta"}, "audio": {"type": "string", "contentEncoding": "base64"},
+                    "response_format": {"type": "string"}}},
+    {"type": "object", "required": ["type", "usage"],
+     "properties": {"type": {"const": "speech.audio.done"}, "usage": {"$ref": _SCHEMAS + "Usage"}}},
+    {"type": "object", "required": ["type", "error"],
+     "properties": {"type": {"const": "speech.audio.error"}, "error": {"type": "object"}}}]}
+_SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them) read an SSE schema this way
+    "type": "object", "required": ["event", "data"],
+    "properties": {"event": {"enum": [event["properties"]["type"]["const"] for event in _SPEECH_EVENT_DATA["oneOf"]]},
+                   "data": {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": _SPEECH_EVENT_DATA}}}
+_HEALTH = {"type": "object", "required": ["status"], "properties": {
+    "status": {"enum": ["healthy", "unhealthy"]}, "message": {"type": "string"},
+    "stage": {"type": "string", "description": "the failed stage"}}}
+
+
+def _speech_request_schemas(served_model_name: str) -> dict:
+    _, schemas = msgspec.json.schema_components([SpeechRequest], ref_template=_SCHEMAS + "{name}")
+    schemas["SpeechRequest"]["properties"]["model"]["enum"] = [served_model_name]
+    return schemas
+
+
+def _speech_operation() -> dict:
+    audio = {content_type(fmt): {"schema": {"type": "string", "contentMediaType": content_type(fmt)}}
+             for fmt in get_args(ResponseFormat)}
+    sse = {"text/event-stream": {"schema": {"$ref": _SCHEMAS + "SpeechEvent"}}}
+    return {
+        "operationId": "createSpeech",
+        "summary": "Synthesize speech (OpenAI CreateSpeech + Qwen3-TTS extensions)",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechRequest"}}}},
+        "responses": {
+            "200": {"description": "the audio: whole, a chunked stream, or SSE speech.audio.delta events",
+                    "content": audio | sse},
+            "400": _error("invalid request (the field is named in `param`)"),
+            "404": _error("the model is not served here"),
+            "408": _error("the body did not arrive within --body-read-timeout"),
+            "413": _error("the body or the reference clip is too large"),
+            "429": _error("the server is at capacity; see Retry-After"),
+            "503": _error("a stage is down and restarting; see Retry-After")}}
+
+
+def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
+    """The document for an app serving `served_model_name`; with `api_key_required` every route but /health
+    declares the bearer scheme and its 401."""
+    voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    paths = {
+        "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/voices": {
+            "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
+                    "responses": {"200": _json("VoiceList", "all voice names, and the uploaded voices")}},
+            "post": {"operationId": "uploadVoice", "summary": "Upload a reference clip as a named voice (Base models "
+                                                             "with --voices-dir)",
+                     "requestBody": {"required": True, "content": {"multipart/form-data": {
+                         "schema": {"$ref": _SCHEMAS + "VoiceUpload"}}}},
+                     "responses": {
+                         "200": {"description": "stored", "content": {"application/json": {"schema": {
+                             "type": "object", "required": ["success", "voice"],
+                             "properties": {"success": {"const": True}, "voice": {"$ref": _SCHEMAS + "Voice"}}}}}},
+                         "400": _error("invalid form, name, text or clip"),
+                         "404": _error("voice uploads are disabled (no --voices-dir)"),
+                         "409": _error("the voice limit is reached"),
+                         "413": _error("the clip is too large, or the voice store is full"),
+                         "415": _error("the clip is not wav, flac, ogg or mp3")}}},
+        "/v1/audio/voices/{name}": {
+            "delete": {"operationId": "deleteVoice", "summary": "Delete an uploaded voice", "parameters": [voice_name],
+                       "responses": {
+                           "200": {"description": "deleted", "content": {"application/json": {"schema": {
+                               "type": "object", "required": ["success", "name"],
+                               "properties": {"success": {"const": True}, "name": {"type": "string"}}}}}},
+                           "404": _error("no such voice, or voice uploads are disabled")}}},
+        "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
+                               "responses": {"200": _json("ModelList", "one model")}}},
+        "/health": {"get": {"operationId": "health", "summary": "Liveness of the pipeline", "security": [],
+                            "responses": {"200": _json("Health", "serving"),
+                                          "503": _json("Health", "a stage is down (named in `stage`)")}}},
+        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics", "responses": {
+            "200": {"description": "text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "responses": {
+            "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+    }
+    document = {
+        "openapi": "3.1.0",
+        "info": {"title": "omni_tts", "version": "1",
+                 "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
+                                "envelope (ErrorResponse)."},
+        "paths": paths,
+        "components": {"schemas": _speech_request_schemas(served_model_name) | {
+            "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
+            "VoiceUpload": _VOICE_UPLOAD, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
+            "SpeechEvent": _SPEECH_EVENT}},
+    }
+    if api_key_required:
+        document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"apiKey": []}]
+        for path, operations in paths.items():
+            if path != "/health":
+                for operation in operations.values():
+                    operation["responses"]["401"] = _error("missing or wrong API key")
+    return document
+
+
+def openapi_route(served_model_name: str, api_key_required: bool) -> web.RouteDef:
+    """GET /openapi.json, answering the document serialized once."""
+    body = json.dumps(openapi_document(served_model_name, api_key_required)).encode()
+
+    async def serve_openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return web.get("/openapi.json", serve_openapi)
