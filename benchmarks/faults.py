@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
 import signal
 import sys
@@ -21,9 +20,8 @@ import time
 
 import aiohttp
 
-from bench_runner import HERE, machine, scrub_thread_env
-from bench_tts_serve import Server, write_report
-from server_probe import Outcome, Speech, expected_pcm, matches, stage_pids, stream_speech
+from bench_runner import HERE
+from server_probe import Outcome, Speech, expected_pcm, matches, run_against_server, stage_pids, stream_speech
 
 MODEL = "faults"
 LOAD = Speech("A sentence that runs for a while, so that faults find it in flight.", "ryan", 300)
@@ -115,23 +113,10 @@ def main() -> int:
     ap.add_argument("--result-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--name")
     args = ap.parse_args()
-    scrub_thread_env()
-    if args.model is None:
-        from omni_tts.models.qwen3_tts.random_model import default_model_dir
-        args.model = default_model_dir()
-    name = args.name or "faults-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    os.makedirs(args.result_dir, exist_ok=True)
-    server = Server(f"--model {args.model} --stage-config {args.stage_config} --served-model-name {MODEL} "
-                    f"--stage-heartbeat-timeout {args.heartbeat_timeout} --max-restarts 10",
-                    os.path.join(args.result_dir, name + ".server.log"), 300)
-    try:
-        asyncio.run(server.wait_healthy())
-        result = asyncio.run(run(server.url, server.proc.pid, args))
-    finally:
-        server.stop()
-    doc = {"kind": "faults", "version": 1, "command": [sys.executable, *sys.argv], "machine": machine(),
-           "config": {k: v for k, v in vars(args).items() if k not in ("result_dir", "name")}, "result": result}
-    write_report(os.path.join(args.result_dir, name), doc, markdown(doc))
+    doc = run_against_server("faults", args, f"--served-model-name {MODEL} --stage-heartbeat-timeout "
+                             f"{args.heartbeat_timeout} --max-restarts 10",
+                             lambda url, pid: run(url, pid, args), markdown)
+    result = doc["result"]
     bad = [r for r in result["faults"] if r["recovery_s"] is None or not r["after_recovery_equal"]]
     return 1 if bad else 0
 

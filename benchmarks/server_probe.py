@@ -4,13 +4,20 @@ read from /proc. Not a command of its own.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
+import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import aiohttp
 import numpy as np
+
+from bench_runner import machine, scrub_thread_env
+from bench_tts_serve import Server, write_report
 
 SHM_DIR = "/dev/shm"
 PCM_BYTES_PER_SAMPLE = 2
@@ -153,3 +160,26 @@ def stage_pids(server_pid: int) -> dict[str, int]:
             if comm == f"omni-tts-{stage}"[:15]:
                 found[stage] = pid
     return found
+
+
+def run_against_server(kind: str, args: argparse.Namespace, serve_flags: str,
+                       work: Callable[[str, int], Awaitable[dict]], markdown: Callable[[dict], str]) -> dict:
+    """Start `omni-tts serve --model args.model --stage-config args.stage_config SERVE_FLAGS` on loopback, run
+    `work(url, server_pid)`, stop the server, and write <result-dir>/<name>.json/.md; the document."""
+    scrub_thread_env()
+    if args.model is None:
+        from omni_tts.models.qwen3_tts.random_model import default_model_dir
+        args.model = default_model_dir()
+    name = args.name or f"{kind}-" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    os.makedirs(args.result_dir, exist_ok=True)
+    server = Server(f"--model {args.model} --stage-config {args.stage_config} {serve_flags}",
+                    os.path.join(args.result_dir, name + ".server.log"), 300)
+    try:
+        asyncio.run(server.wait_healthy())
+        result = asyncio.run(work(server.url, server.proc.pid))
+    finally:
+        server.stop()
+    doc = {"kind": kind, "version": 1, "command": [sys.executable, *sys.argv], "machine": machine(),
+           "config": {k: v for k, v in vars(args).items() if k not in ("result_dir", "name")}, "result": result}
+    write_report(os.path.join(args.result_dir, name), doc, markdown(doc))
+    return doc

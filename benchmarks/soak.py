@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import datetime
 import io
 import os
 import random
@@ -28,10 +27,9 @@ import aiohttp
 import numpy as np
 import soundfile as sf
 
-from bench_runner import HERE, machine, scrub_thread_env
-from bench_tts_serve import Server, write_report
-from server_probe import (Speech, expected_pcm, health_latency, matches, resources, slope_per_minute,
-                          stream_speech)
+from bench_runner import HERE
+from server_probe import (Speech, expected_pcm, health_latency, matches, resources, run_against_server,
+                          slope_per_minute, stream_speech)
 
 TEXTS = ["Hi.", "Good morning, everyone.", "A somewhat longer sentence, with a pause or two, to make it last.",
          "今天天气很好。", "Numbers like 42 and 2026 are read aloud, one after the other."]
@@ -181,24 +179,8 @@ def main() -> int:
     ap.add_argument("--result-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--name")
     args = ap.parse_args()
-    scrub_thread_env()
-    if args.model is None:
-        from omni_tts.models.qwen3_tts.random_model import default_model_dir
-        args.model = default_model_dir()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = args.name or f"soak-{stamp}"
-    os.makedirs(args.result_dir, exist_ok=True)
-    server = Server(f"--model {args.model} --stage-config {args.stage_config} --served-model-name {MODEL} "
-                    f"--max-queue {args.max_queue}", os.path.join(args.result_dir, name + ".server.log"), 300)
-    try:
-        asyncio.run(server.wait_healthy())
-        result = asyncio.run(soak(server.url, server.proc.pid, args))
-    finally:
-        server.stop()
-    doc = {"kind": "soak", "version": 1, "command": [sys.executable, *sys.argv], "machine": machine(),
-           "config": {k: v for k, v in vars(args).items() if k not in ("result_dir", "name")}, "result": result}
-    table = markdown(doc)
-    write_report(os.path.join(args.result_dir, name), doc, table)
+    result = run_against_server("soak", args, f"--served-model-name {MODEL} --max-queue {args.max_queue}",
+                                lambda url, pid: soak(url, pid, args), markdown)["result"]
     return 1 if result["lost"] or result["mismatched"] or result["server_errors"] else 0
 
 
