@@ -59,6 +59,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
+    p.add_argument("--body-read-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive before the server answers 408")
     p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
                    help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
     p.add_argument("--max-restarts", type=int, default=5,
@@ -79,6 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not args.body_read_timeout > 0:
+        raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     pipeline = load_stage_config(args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny"))
     name = args.served_model_name or (args.model or os.path.basename(model_dir.rstrip("/")))
@@ -96,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     app = build_app(engine, ServerConfig(
         served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
-        allowed_local_media_path=args.allowed_local_media_path))
+        allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout))
     logging.getLogger("omni_tts").setLevel(logging.INFO)
     print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
           f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)

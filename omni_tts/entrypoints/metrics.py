@@ -13,7 +13,11 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("omni_tts_requests", "Speech requests by outcome", ["status"], registry=r)
+        self.requests = Counter("omni_tts_requests", "Speech requests by outcome: every response's HTTP status, "
+                                "or abort when the client went away", ["status"], registry=r)
+        self.finished = Counter("omni_tts_requests_finished", "Generations that ran to their end, by finish reason "
+                                "(length: the frame budget ended it, not the end token)", ["finish_reason"],
+                                registry=r)
         self.queue_depth = Gauge("omni_tts_queue_depth", "Admitted requests waiting for their first audio", registry=r)
         self.in_flight = Gauge("omni_tts_in_flight", "Admitted requests not finished", registry=r)
         self.ttfp = Histogram("omni_tts_ttfp_seconds", "Request arrival to first audio byte", registry=r,

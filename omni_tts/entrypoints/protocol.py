@@ -10,7 +10,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
-MAX_INPUT_CHARS = 4096
+from omni_tts.models.qwen3_tts.sampling import MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K
+
+# OpenAI's input limit, for every text field: it also bounds the tokenizer's time per request (one thread serves
+# all requests); the talker's limits in tokens are checked when the request is tokenized
+MAX_TEXT_CHARS = 4096
+MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
+MAX_NEW_TOKENS = 8192
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 
 
@@ -21,9 +27,9 @@ class ApiError(Exception):
                  type_: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
-        self.code = code or {400: "invalid_request", 404: "not_found", 413: "payload_too_large",
-                             415: "unsupported_media_type", 422: "unprocessable", 429: "rate_limit_exceeded",
-                             503: "service_unavailable"}.get(status, "server_error")
+        self.code = code or {400: "invalid_request", 404: "not_found", 408: "request_timeout",
+                             413: "payload_too_large", 415: "unsupported_media_type", 422: "unprocessable",
+                             429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status, "server_error")
         self.type = type_ or ("invalid_request_error" if status < 500 and status != 429 else
                               "rate_limit_error" if status == 429 else "server_error")
 
@@ -31,39 +37,43 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
-    id: str
-
-
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+# the ranges of SamplingParams.validate, so the schema states them and they fail before admission
 Probability = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
-NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TEMPERATURE)]
+TopK = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_K)]
+
+
+class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
+    id: Name
 
 
 class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # OpenAI
-    model: str
-    input: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)]
-    voice: str | VoiceId | None = None
-    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)] | None = None
+    model: Name
+    input: Text
+    voice: Name | VoiceId | None = None
+    instructions: Text | None = None
     response_format: ResponseFormat = "mp3"
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool = False
     # Qwen3-TTS extensions
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
-    language: str | None = None
+    language: Name | None = None
     ref_audio: str | None = None
-    ref_text: str | None = None
+    ref_text: Text | None = None
     x_vector_only_mode: bool = False
     non_streaming_mode: bool | None = None
-    max_new_tokens: Annotated[int, msgspec.Meta(ge=2, le=8192)] | None = None
-    seed: Annotated[int, msgspec.Meta(ge=0, le=2 ** 63 - 1)] | None = None
-    temperature: NonNegative | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=2, le=MAX_NEW_TOKENS)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
     top_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=100.0)] | None = None
-    subtalker_temperature: NonNegative | None = None
-    subtalker_top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_REPETITION_PENALTY)] | None = None
+    subtalker_temperature: Temperature | None = None
+    subtalker_top_k: TopK | None = None
     subtalker_top_p: Probability | None = None
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
 
@@ -86,10 +96,14 @@ def decode_speech_request(body: bytes) -> SpeechRequest:
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
         return msgspec.json.decode(body, type=SpeechRequest)
+    except UnicodeDecodeError:  # msgspec validates UTF-8 inside strings only
+        raise ApiError(400, "request body is not valid UTF-8") from None
     except msgspec.ValidationError as e:
         text = str(e)
         match = _PATH.search(text)
         param = match.group(1).split(".")[0].split("[")[0] if match and match.group(1) else None
+        if param is None and text.startswith("Expected `object`"):
+            raise ApiError(400, "request body must be a JSON object") from None
         if text.startswith("Object contains unknown field"):
             field = re.search(r"field `([^`]*)`", text)
             param = field.group(1) if field else param

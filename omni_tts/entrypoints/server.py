@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import contextlib
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, GenerationChunk, RequestFailed, StageDeadError
+from omni_tts.stages.protocol import StageStats
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
@@ -42,6 +42,7 @@ class ServerConfig:
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
     allowed_local_media_path: str | None = None
+    body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
 
 
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
@@ -57,41 +58,79 @@ class ServerState:
         self.voices = VoiceStore(config.voices_dir) if config.voices_dir else None
         self.session: aiohttp.ClientSession | None = None
         self.admitted = 0
+        self._stage_stats: asyncio.Task | None = None
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    async def stage_stats(self) -> dict[str, StageStats]:
+        """The stages' figures, {} if they cannot be had. Concurrent callers share one round trip: the engine
+        keeps a single pending answer per stage, so overlapping calls would take each other's."""
+        if not self.engine.is_healthy:
+            return {}
+        if self._stage_stats is None or self._stage_stats.done():
+            self._stage_stats = asyncio.create_task(self.engine.stats(timeout=2.0))
+        try:
+            return await asyncio.shield(self._stage_stats)
+        except Exception:
+            return {}
+
 
 def error_response(error: ApiError) -> web.Response:
     headers = {"Retry-After": "1"} if error.status in (429, 503) else None
-    return web.json_response(error.body(), status=error.status, headers=headers)
+    response = web.json_response(error.body(), status=error.status, headers=headers)
+    if error.status in (408, 413):  # the body was not read to its end: the connection cannot carry another request
+        response.force_close()
+    return response
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Errors → the OpenAI envelope; and the one place speech requests are counted, by their response's status
+    (validation errors included) or `abort` when the client went away."""
+    status = "abort"
     try:
-        return await handler(request)
+        response = await handler(request)
+        status = str(response.status)
+        return response
     except ApiError as e:
+        status = str(e.status)
         return error_response(e)
     except web.HTTPException as e:
+        status = str(e.status)
         if e.status >= 400 and e.content_type != "application/json":
             return error_response(ApiError(e.status, e.reason))
         raise
     except ConnectionResetError:
         raise
     except Exception:
+        status = "500"
         logger.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal server error; see the server log"))
+    finally:
+        if request.match_info.handler is create_speech:
+            request.app[STATE].metrics.requests.labels(status).inc()
 
 
 # --- /v1/audio/speech ----------------------------------------------------------------------------------------
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The whole body: 413 beyond MAX_BODY_BYTES (declared, or counted while a chunked body arrives), 408 if it
+    takes longer than `timeout` seconds (a client dribbling its body holds a connection and its buffers)."""
+    too_large = ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-    body = await request.read()
-    speech = decode_speech_request(body)
+    speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
     synthesis, voice_key = await build_synthesis_request(state, speech)
     if speech.streaming and speech.response_format not in streamable_formats():
         raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
@@ -100,10 +139,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
                             "utterance); send a non-streaming request to change the speed", "speed")
     if state.admitted >= state.config.max_queue:
-        state.metrics.requests.labels("429").inc()
         raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
     if not state.engine.is_healthy:
-        state.metrics.requests.labels("503").inc()
         raise ApiError(503, unavailable_message(state.engine))
     state.admitted += 1
     state.metrics.in_flight.inc()
@@ -134,14 +171,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             response = await respond_sse(request, state, speech, first, stream)
         else:
             response = await respond_audio_stream(request, state, speech, first, stream)
-        state.metrics.requests.labels(str(response.status)).inc()
         return response
-    except ApiError as e:
-        state.metrics.requests.labels(str(e.status)).inc()
-        raise
-    except (ConnectionResetError, asyncio.CancelledError):
-        state.metrics.requests.labels("abort").inc()
-        raise
     finally:
         await stream.aclose()  # aborts the request in every stage if it did not finish
         state.admitted -= 1
@@ -228,6 +258,7 @@ def _usage_json(chunk: GenerationChunk) -> dict:
 
 
 def _record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+    state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
     if chunk.usage.audio_seconds > 0:
         state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
@@ -394,11 +425,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    stats = {}
-    if state.engine.is_healthy:
-        with contextlib.suppress(Exception):
-            stats = await state.engine.stats(timeout=2.0)
-    state.metrics.observe_stages(stats, state.engine.is_healthy)
+    state.metrics.observe_stages(await state.stage_stats(), state.engine.is_healthy, state.engine.restarts)
     return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
 
 

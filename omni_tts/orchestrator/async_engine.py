@@ -41,7 +41,7 @@ from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
-from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import PromptBuilder, PromptLimits, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
 from omni_tts.stages import code2wav_stage, talker_stage
@@ -113,7 +113,9 @@ class AsyncTTSEngine:
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
         self.generation_config = read_json(gen_path) if os.path.isfile(gen_path) else {}
-        self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir))
+        talker = pipeline.stages.talker
+        self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir),
+                                     PromptLimits(talker.max_text_tokens, talker.max_model_len))
         self.tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omni-tts-tokenizer")
         self.audio_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-audio")
         self.requests: dict[str, _Request] = {}

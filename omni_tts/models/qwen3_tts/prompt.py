@@ -46,6 +46,18 @@ class SynthesisRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
+@dataclass(frozen=True)
+class PromptLimits:
+    """The talker stage's per-request bounds (stage config), checked when a request is tokenized: a request over
+    them is a RequestError naming its field, not a failure inside the stage."""
+    max_text_tokens: int  # input text tokens, plus ref_text tokens for ICL cloning (both trail the prompt)
+    max_model_len: int    # prompt rows + generated tokens
+
+
+# prompt rows besides the text: role (3), codec tag (≤ 4), speaker (1), pad/bos (1), tts_eos and codec_bos (2)
+_CONTROL_ROWS = 11
+
+
 @dataclass
 class TalkerPrompt:
     """Everything the prefill needs, as ids and (for Base) voice features."""
@@ -65,9 +77,10 @@ class TalkerPrompt:
 
 
 class PromptBuilder:
-    def __init__(self, config: Qwen3TTSConfig, tokenizer: Tokenizer) -> None:
+    def __init__(self, config: Qwen3TTSConfig, tokenizer: Tokenizer, limits: PromptLimits | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.limits = limits
 
     @property
     def speakers(self) -> list[str]:
@@ -140,9 +153,27 @@ class PromptBuilder:
         if non_streaming is None:
             non_streaming = model_type != "base"
         instruct_ids = self._encode(f"<|im_start|>user\n{instructions}<|im_end|>\n") if instructions else []
+        if self.limits is not None:
+            self._check_fits(self.limits, text_ids, ref_text_ids or [], instruct_ids)
         return TalkerPrompt(role_ids=role_ids, text_ids=text_ids, instruct_ids=instruct_ids, language_id=language_id,
                             speaker_id=talker.spk_id[speaker] if model_type == "custom_voice" else None,
                             non_streaming=non_streaming, ref_text_ids=ref_text_ids)
+
+    @staticmethod
+    def _check_fits(limits: PromptLimits, text_ids: list[int], ref_text_ids: list[int],
+                    instruct_ids: list[int]) -> None:
+        if len(text_ids) > limits.max_text_tokens:
+            raise RequestError("input", f"input is {len(text_ids)} text tokens; the limit is "
+                                        f"{limits.max_text_tokens}")
+        if len(ref_text_ids) + len(text_ids) > limits.max_text_tokens:
+            raise RequestError("ref_text", f"ref_text ({len(ref_text_ids)} text tokens) and input "
+                                           f"({len(text_ids)}) exceed the limit of {limits.max_text_tokens} together")
+        # an upper bound of the prompt rows known before the voice features (streaming layouts hold fewer)
+        rows = len(instruct_ids) + len(ref_text_ids) + len(text_ids) + _CONTROL_ROWS
+        if rows >= limits.max_model_len:
+            param = "instructions" if instruct_ids else "input"
+            raise RequestError(param, f"the prompt ({rows} rows with {len(instruct_ids)} instruction tokens) leaves "
+                                      f"no room to generate within max_model_len {limits.max_model_len}")
 
 
 @torch.no_grad()

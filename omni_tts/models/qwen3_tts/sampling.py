@@ -7,6 +7,7 @@ request's output.
 """
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,6 +19,17 @@ FALLBACK_GENERATION = dict(do_sample=True, temperature=0.9, top_k=50, top_p=1.0,
                            subtalker_dosample=True, subtalker_temperature=0.9, subtalker_top_k=50,
                            subtalker_top_p=1.0, max_new_tokens=2048)
 MIN_NEW_TOKENS = 2
+# request ranges, shared with the HTTP schema (entrypoints/protocol.py)
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+MAX_TOP_K = 2 ** 31 - 1      # beyond the vocab means "no top-k"; bounded so it fits every integer type on its way
+MAX_SEED = 2 ** 63 - 1       # the noise hash takes an int64 seed
+# name: (low, high, low excluded)
+_RANGES = {"temperature": (0.0, MAX_TEMPERATURE, False), "subtalker_temperature": (0.0, MAX_TEMPERATURE, False),
+           "top_p": (0.0, 1.0, True), "subtalker_top_p": (0.0, 1.0, True),
+           "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, True),
+           "top_k": (0, MAX_TOP_K, False), "subtalker_top_k": (0, MAX_TOP_K, False),
+           "max_new_tokens": (1, math.inf, False), "seed": (0, MAX_SEED, False)}
 
 
 @dataclass
@@ -37,24 +49,18 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
-        """ValueError naming the field for out-of-range values."""
-        ranges = {"temperature": (0.0, False), "subtalker_temperature": (0.0, False), "top_p": (0.0, True),
-                  "subtalker_top_p": (0.0, True), "repetition_penalty": (0.0, True)}
-        for name, (low, exclusive) in ranges.items():
+        """ValueError naming the field for out-of-range values (NaN included)."""
+        for name, (low, high, low_excluded) in _RANGES.items():
             value = getattr(self, name)
-            if value is None:
+            if value is None or (((low < value) if low_excluded else (low <= value)) and value <= high):
                 continue
-            if value < low or (exclusive and value == low) or (name.endswith("top_p") and value > 1.0):
-                bound = "(0, 1]" if name.endswith("top_p") else ("> 0" if exclusive else ">= 0")
-                raise ValueError(f"{name} must be {bound}, got {value}")
-        for name in ("top_k", "subtalker_top_k"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 (0 disables it), got {value}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+            bound = (f"{'>' if low_excluded else '>='} {_number(low)}" if high == math.inf else
+                     f"in {'(' if low_excluded else '['}{_number(low)}, {_number(high)}]")
+            raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,202 @@
+"""Bounds at the door, against the real server on loopback: every engine limit and numeric range is a 400 naming
+the field before anything runs, oversized or slow bodies are 413 / 408, bad bytes are 400, and /metrics counts
+every outcome and survives concurrent scrapes."""
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import FIXTURES
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import (_CONTROL_ROWS, PromptBuilder, PromptLimits, RequestError,
+                                              SynthesisRequest, embed_prompt)
+from server_util import ServerProcess
+from test_server import MODEL, REF_TEXT, REF_WAV, _metric, base_server, request  # noqa: F401 (a fixture)
+
+OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=24)
+CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(4000))  # distinct ideographs: a token or more each
+BODY_READ_TIMEOUT = 1.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--body-read-timeout", str(BODY_READ_TIMEOUT))
+    yield server
+    server.stop()
+
+
+def speech(server, payload=None, data=None):
+    body = data if data is not None else json.dumps(payload).encode()
+    status, headers, answer = request(server.url + "/v1/audio/speech", data=body,
+                                      headers={"Content-Type": "application/json"})
+    return status, headers, answer
+
+
+def error_of(answer):
+    error = json.loads(answer)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+TOO_LONG_FOR_THE_TALKER = [
+    ("4000 CJK characters", dict(OK, input=CJK), "input"),
+    ("4096 combining marks", dict(OK, input="a" + "\u0301" * 4095), "input"),
+    ("instructions beyond max_model_len", dict(OK, instructions=CJK), "instructions"),
+]
+
+
+@pytest.mark.parametrize("name,payload,param", TOO_LONG_FOR_THE_TALKER, ids=[c[0] for c in TOO_LONG_FOR_THE_TALKER])
+def test_text_beyond_the_talkers_limits_is_400_naming_the_field(server, name, payload, param):
+    status, _, answer = speech(server, payload)
+    error = error_of(answer)
+    assert status == 400 and error["param"] == param, (status, error)
+    assert "limit" in error["message"] or "max_model_len" in error["message"]
+
+
+def test_the_limits_are_the_talkers_own_bounds_exactly():
+    """The row bound equals the non-streaming prompt's length, and each limit admits what fits to the token."""
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), with_decoder=False)
+    request = SynthesisRequest(text="Hello there.", voice="ryan", language="english", instructions="Calm.",
+                               non_streaming_mode=True)
+    prompt = tts.prompts.tokenize(request)
+    rows = embed_prompt(tts.talker, tts.config, prompt)[0].shape[0]
+    assert rows == len(prompt.instruct_ids) + len(prompt.text_ids) + _CONTROL_ROWS
+    text_tokens = len(prompt.text_ids)
+    PromptBuilder(tts.config, tts.prompts.tokenizer, PromptLimits(text_tokens, rows + 1)).tokenize(request)
+    for limits, param in ((PromptLimits(text_tokens - 1, rows + 1), "input"),
+                          (PromptLimits(text_tokens, rows), "instructions")):
+        with pytest.raises(RequestError) as error:
+            PromptBuilder(tts.config, tts.prompts.tokenizer, limits).tokenize(request)
+        assert error.value.param == param
+
+
+def test_text_within_the_limits_is_served(server):
+    status, headers, _ = speech(server, dict(OK, input="word " * 400, instructions="Calm. " * 50))
+    assert status == 200 and headers["x-omni-tts-finish-reason"] in ("stop", "length")
+
+
+NUMERIC = [
+    ("top_k", 2 ** 64), ("top_k", 2 ** 31), ("subtalker_top_k", 2 ** 64), ("seed", 2 ** 63), ("seed", -1),
+    ("temperature", 101), ("subtalker_temperature", -0.5), ("top_p", 1.5), ("subtalker_top_p", 0),
+    ("repetition_penalty", 101), ("max_new_tokens", 1), ("max_new_tokens", 8193), ("speed", 0),
+    ("initial_codec_chunk_frames", 65),
+]
+
+
+@pytest.mark.parametrize("field,value", NUMERIC, ids=[f"{f}={v}" for f, v in NUMERIC])
+def test_numeric_fields_out_of_range_are_400_naming_the_field(server, field, value):
+    status, _, answer = speech(server, dict(OK, **{field: value}))
+    assert status == 400 and error_of(answer)["param"] == field, (status, answer[:300])
+
+
+def test_infinite_float_is_400(server):
+    status, _, answer = speech(server, data=json.dumps(OK).encode()[:-1] + b', "temperature": 1e999}')
+    assert status == 400 and error_of(answer)["param"] == "temperature"
+
+
+@pytest.mark.parametrize("data,message", [
+    (b'{"model": "qwen3-tts", "input": "\xff\xfe", "voice": "ryan"}', "not valid UTF-8"),
+    (b'[1, 2, 3]', "must be a JSON object"),
+    (b'"hello"', "must be a JSON object"),
+], ids=["invalid utf-8", "array", "string"])
+def test_undecodable_bodies_are_400(server, data, message):
+    status, _, answer = speech(server, data=data)
+    assert status == 400 and message in error_of(answer)["message"]
+
+
+def test_names_are_bounded(server):
+    status, _, answer = speech(server, dict(OK, voice="v" * 100_000))
+    error = error_of(answer)
+    assert status == 400 and error["param"] == "voice" and len(answer) < 1000
+
+
+def _raw_response(port, head: bytes, chunks=(), pause=0.0, timeout=10.0) -> tuple[bytes, float]:
+    """Send `head` then each chunk (pausing between them) on a raw socket; the status line and the seconds it took."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head)
+        for chunk in chunks:
+            try:
+                s.sendall(chunk)
+            except OSError:  # the server answered and closed
+                break
+            s.settimeout(pause)
+            try:
+                answer = s.recv(65536)
+                if answer:
+                    return answer.split(b"\r\n", 1)[0], time.monotonic() - started
+            except TimeoutError:
+                pass
+        s.settimeout(timeout)
+        return s.recv(65536).split(b"\r\n", 1)[0], time.monotonic() - started
+
+
+def test_slow_body_is_408_within_the_timeout(server):
+    head = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    before = _metric(server, 'omni_tts_requests_total{status="408"}')
+    status, took = _raw_response(server.port, head, [b" "] * 100, pause=0.2)
+    assert status.startswith(b"HTTP/1.1 408 ") and took < BODY_READ_TIMEOUT + 1.0, (status, took)
+    assert _metric(server, 'omni_tts_requests_total{status="408"}') == before + 1
+    assert request(server.url + "/health")[0] == 200
+
+
+def test_bodies_over_the_limit_are_413_declared_or_chunked(server):
+    declared = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 40000000\r\n\r\n{")
+    assert _raw_response(server.port, declared)[0].startswith(b"HTTP/1.1 413 ")
+    chunked = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+    megabyte = b"100000\r\n" + b" " * 0x100000 + b"\r\n"
+    assert _raw_response(server.port, chunked, [megabyte] * 40, pause=0.01)[0].startswith(b"HTTP/1.1 413 ")
+
+
+def test_requests_total_counts_every_response(server):
+    outcomes = {"400": [b"{nope", b"\xff", b"[]", json.dumps(dict(OK, top_k=2 ** 64)).encode(),
+                        json.dumps(dict(OK, colour="blue")).encode()],
+                "404": [json.dumps(dict(OK, model="tts-1")).encode()],
+                "200": [json.dumps(OK).encode()]}
+    before = {status: _metric(server, f'omni_tts_requests_total{{status="{status}"}}') for status in outcomes}
+    for status, bodies in outcomes.items():
+        for body in bodies:
+            assert speech(server, data=body)[0] == int(status)
+    after = {status: _metric(server, f'omni_tts_requests_total{{status="{status}"}}') for status in outcomes}
+    assert {s: after[s] - before[s] for s in outcomes} == {s: len(b) for s, b in outcomes.items()}
+
+
+def test_frame_budget_ends_with_length_and_is_counted(server):
+    finished = 'omni_tts_requests_finished_total{finish_reason="length"}'
+    before = _metric(server, finished)
+    status, headers, body = speech(server, dict(OK, max_new_tokens=4))
+    assert status == 200 and headers["x-omni-tts-finish-reason"] == "length"
+    assert headers["x-omni-tts-output-tokens"] == "3" and len(body) == 3 * 1920 * 2  # N tokens → N − 1 frames
+    assert _metric(server, finished) == before + 1
+
+
+def test_concurrent_scrapes_all_get_the_stage_figures_quickly(server):
+    def scrape():
+        started = time.monotonic()
+        text = request(server.url + "/metrics")[2].decode()
+        return time.monotonic() - started, text
+
+    for _ in range(3):
+        with ThreadPoolExecutor(5) as pool:
+            results = list(pool.map(lambda _: scrape(), range(5)))
+        for took, text in results:
+            assert took < 1.5, took  # a lost answer waits out the 2 s stats timeout
+            assert 'omni_tts_stage_steps{stage="talker"}' in text and 'omni_tts_stage_steps{stage="code2wav"}' in text
+
+
+def test_ref_text_beyond_the_talkers_limit_is_400(base_server):
+    clone = dict(model=MODEL, input="Clone me.", ref_audio=str(REF_WAV), response_format="pcm", temperature=0,
+                 max_new_tokens=8)
+    status, _, answer = speech(base_server, dict(clone, ref_text="word " * 700))
+    error = error_of(answer)
+    assert status == 400 and error["param"] == "ref_text" and "limit" in error["message"], (status, error)
+    started = time.monotonic()
+    status, _, answer = speech(base_server, dict(clone, ref_text="word " * 1_200_000))  # 6 MB
+    assert status == 400 and error_of(answer)["param"] == "ref_text" and time.monotonic() - started < 2.0
+    assert speech(base_server, dict(clone, ref_text=REF_TEXT))[0] == 200
