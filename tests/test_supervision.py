@@ -17,7 +17,7 @@ import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests
 from omni_tts.config import load_stage_config
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, StageDeadError
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from server_util import ServerProcess, stage_pids
@@ -168,15 +168,42 @@ def test_slow_consumer_is_failed_instead_of_buffered():
                 async for _ in stream:
                     pass
             assert engine.requests == {}
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                stats = await engine.stats()
-                if not any(s.request_ids for s in stats.values()):
-                    break
-                await asyncio.sleep(0.1)
-            assert not any(s.request_ids for s in stats.values())  # aborted in both stages
+            await wait_until_no_stage_holds_requests(engine)  # aborted in both stages
             assert engine.is_healthy
     asyncio.run(main())
+
+
+async def wait_until_no_stage_holds_requests(engine: AsyncTTSEngine) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        stats = await engine.stats()
+        if not any(s.request_ids for s in stats.values()):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError({name: s.request_ids for name, s in stats.items()})
+
+
+def test_request_deadlines_end_and_abort_the_request():
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            with pytest.raises(RequestTimedOut, match="no audio within") as late:
+                await collect_with(engine, long_requests(1)[0], first_audio_timeout=0.001)
+            assert late.value.before_first_audio
+            await wait_until_no_stage_holds_requests(engine)
+            chunks = []
+            endless = SynthesisRequest(text="A long one.", voice="ryan", sampling=SamplingParams(
+                temperature=0, repetition_penalty=1.0, max_new_tokens=2000))  # runs to its limit: many seconds
+            with pytest.raises(RequestTimedOut, match="did not finish within 0.5 s") as long:
+                async for chunk in engine.generate(endless, first_audio_timeout=30, timeout=0.5):
+                    chunks.append(chunk)
+            assert chunks and not long.value.before_first_audio
+            await wait_until_no_stage_holds_requests(engine)
+            assert engine.requests == {} and engine.is_healthy
+    asyncio.run(main())
+
+
+async def collect_with(engine: AsyncTTSEngine, request: SynthesisRequest, **kwargs) -> list:
+    return [c async for c in engine.generate(request, **kwargs)]
 
 
 # --- the HTTP server ------------------------------------------------------------------------------------------
@@ -228,6 +255,11 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         while _health(server.port)[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _health(server.port) == (200, {"status": "healthy"})
+        metrics = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        metrics.request("GET", "/metrics")
+        text = metrics.getresponse().read().decode()
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("omni_tts_pipeline_restarts_total{")) == 1
         ok = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         ok.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), max_new_tokens=10, stream=False)),
                    {"Content-Type": "application/json"})

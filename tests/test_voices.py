@@ -6,21 +6,26 @@ import io
 import json
 import logging
 import os
+import re
+import struct
 import threading
 import urllib.parse
 
-import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
 from aiohttp import web
 
 from conftest import FIXTURES
+from audio_util import encode, flac_claiming, tone
+from server_util import free_port
 import omni_tts.audio.ref_audio as ref_audio_module
-from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
-from omni_tts.entrypoints.voices import VoiceError, VoiceRecord, VoiceStore
+from omni_tts.audio.ref_audio import (URL_FAILED, RefAudioError, RemoteAudioFetcher, UrlPolicy, decode_reference,
+                                      fetch_ref_audio)
+from omni_tts.entrypoints.voices import MAX_REF_TEXT_CHARS, VoiceError, VoiceRecord, VoiceStore
 from omni_tts.models.qwen3_tts.audio import load_audio, resampled_length
 
+FAILED = re.escape(URL_FAILED)
 CLIP = (FIXTURES / "ref_voice.wav").read_bytes()          # 24 kHz, ~3.4 s
 CLIP_22K = (FIXTURES / "ref_voice_22k.wav").read_bytes()  # 22.05 kHz
 CLIP_WAV, _ = load_audio(CLIP)
@@ -28,8 +33,8 @@ N_22K = sf.info(io.BytesIO(CLIP_22K)).frames
 POOL = concurrent.futures.ThreadPoolExecutor(2)
 
 
-def fetch(value, allowed=None, session=None, **kw):
-    return fetch_ref_audio(value, allowed_local_path=allowed, session=session, executor=POOL, **kw)
+def fetch(value, allowed=None, fetcher=None, **kw):
+    return fetch_ref_audio(value, allowed_local_path=allowed, fetcher=fetcher, executor=POOL, **kw)
 
 
 def run(coro):
@@ -38,21 +43,6 @@ def run(coro):
 
 def data_uri(data: bytes, mime="audio/wav") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
-
-
-def encode(samples, sr, fmt, subtype=None) -> bytes:
-    buffer = io.BytesIO()
-    channels = 1 if samples.ndim == 1 else samples.shape[1]
-    with sf.SoundFile(buffer, "w", sr, channels, format=fmt, subtype=subtype) as f:
-        for start in range(0, samples.shape[0], sr):  # one big write crashes libsndfile's vorbis encoder
-            f.write(samples[start:start + sr])
-    return buffer.getvalue()
-
-
-def tone(seconds, sr=24000, channels=1):
-    t = np.arange(int(seconds * sr)) / sr
-    wav = (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-    return wav if channels == 1 else np.stack([wav] * channels, axis=1)
 
 
 async def expect_error(coro, match, status=400):
@@ -101,7 +91,7 @@ def test_data_uri_errors():
 def test_duration_and_rate_limits():
     async def main():
         await expect_error(fetch(data_uri(encode(tone(0.5), 24000, "WAV"))), r"too short: .*1–30 s, got 0.50 s")
-        await expect_error(fetch(data_uri(encode(tone(31), 24000, "WAV"))), r"too long: .*got 31.00 s")
+        await expect_error(fetch(data_uri(encode(tone(30.5), 24000, "WAV"))), r"too long: .*got 30.50 s")
         # a small compressed file that would decode to minutes is refused from its header, before decoding
         bomb = encode(np.zeros(16000 * 300, np.float32), 16000, "OGG", "VORBIS")
         assert len(bomb) < 1_000_000
@@ -114,13 +104,31 @@ def test_duration_and_rate_limits():
     run(main())
 
 
+def wav_claiming(data_bytes: int, present: bytes, rate=8000) -> bytes:
+    """A hand-made 8-bit mono WAV whose header claims `data_bytes` of samples while `present` follows it."""
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    return (b"RIFF" + struct.pack("<I", min(36 + data_bytes, 2**32 - 1)) + b"WAVEfmt " + struct.pack("<I", 16) + fmt
+            + b"data" + struct.pack("<I", data_bytes) + present)
+
+
+def test_headers_claiming_hours_decode_nothing_big():
+    # a FLAC header claiming 10 hours is refused from the header ("got 36000 s"): decoding would find 2 s
+    with pytest.raises(RefAudioError, match=r"too long: it must last 1–30 s, got 36000.00 s"):
+        decode_reference(flac_claiming(8000 * 3600 * 10, 2.0))
+    # a WAV header claiming 149 hours (4 GiB of 8 kHz 8-bit samples) over 2 s of data: only what is there decodes
+    assert decode_reference(wav_claiming(2**32 - 16, b"\x80" * 16000)).duration_s == 2.0
+    # length unknown to the header (streamed FLAC): decoding stops a second past the limit
+    with pytest.raises(RefAudioError, match=r"too long: it must last 1–30 s, got more than 31 s"):
+        decode_reference(flac_claiming(0, 60.0))
+
+
 def test_decoding_runs_in_the_executor(monkeypatch):
     threads = []
     real = ref_audio_module.load_audio
 
-    def spy(source):
+    def spy(source, **kwargs):
         threads.append(threading.get_ident())
-        return real(source)
+        return real(source, **kwargs)
 
     monkeypatch.setattr(ref_audio_module, "load_audio", spy)
 
@@ -133,12 +141,13 @@ def test_decoding_runs_in_the_executor(monkeypatch):
 
 
 # --- http(s) URLs --------------------------------------------------------------------------------------------
-def test_url_fetching_with_limits():
-    release = asyncio.Event
+class LoopbackSite:
+    """A real aiohttp server on a loopback address that counts the requests reaching it."""
 
-    async def main():
-        stop = release()
+    def __init__(self, host="127.0.0.1"):
+        self.host, self.hits, self.stop = host, [], asyncio.Event()
 
+    async def __aenter__(self):
         async def clip(request):
             return web.Response(body=CLIP, content_type="audio/wav")
 
@@ -153,46 +162,146 @@ def test_url_fetching_with_limits():
         async def big_declared(request):
             return web.Response(body=b"\0" * 2_000_000)
 
-        async def slow_headers(request):
-            await stop.wait()
+        async def hang(request):
+            await self.stop.wait()
             return web.Response(body=CLIP)
 
-        async def slow_body(request):  # headers at once, body trickles: the total timeout still applies
+        async def trickle(request):  # headers at once, body trickles: the total timeout still applies
             response = web.StreamResponse(headers={"Content-Length": str(len(CLIP))})
             await response.prepare(request)
             await response.write(CLIP[:1000])
-            await stop.wait()
+            await self.stop.wait()
             return response
 
-        async def redirect(request):
-            raise web.HTTPFound("/clip.wav")
+        async def redirect(request):  # ?to=URL, or a chain of n redirects to the clip with ?n=
+            n = int(request.query.get("n", 0))
+            raise web.HTTPFound(request.query.get("to") or (f"/redirect?n={n - 1}" if n > 1 else "/clip.wav"))
 
-        app = web.Application()
+        async def page(request):
+            return web.Response(text="<html><body>not audio</body></html>", content_type="text/html")
+
+        @web.middleware
+        async def count(request, handler):
+            self.hits.append(request.path_qs)
+            return await handler(request)
+
+        app = web.Application(middlewares=[count])
         app.router.add_routes([web.get("/clip.wav", clip), web.get("/big", big_chunked),
-                               web.get("/declared", big_declared), web.get("/slow", slow_headers),
-                               web.get("/trickle", slow_body), web.get("/redirect", redirect)])
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        try:
-            async with aiohttp.ClientSession() as session:
-                np.testing.assert_array_equal(await fetch(base + "/clip.wav", session=session), CLIP_WAV)
-                np.testing.assert_array_equal(await fetch(base + "/redirect", session=session), CLIP_WAV)
-                await expect_error(fetch(base + "/missing", session=session), "answered HTTP 404 Not Found")
-                await expect_error(fetch(base + "/big", session=session, max_bytes=1_000_000), "larger than", 413)
-                await expect_error(fetch(base + "/declared", session=session, max_bytes=1_000_000), "larger", 413)
-                await expect_error(fetch(base + "/slow", session=session, timeout_s=0.3), "within 0.3 s")
-                await expect_error(fetch(base + "/trickle", session=session, timeout_s=0.3), "within 0.3 s")
-            # session=None → a temporary session
-            assert (await fetch(base + "/clip.wav")).shape == CLIP_WAV.shape
-        finally:
-            stop.set()
-            await runner.cleanup()
-        # nothing listens any more
-        await expect_error(fetch(base + "/clip.wav", timeout_s=2), "could not be fetched")
-        await expect_error(fetch("http://[::1/x.wav"), "could not be fetched")
+                               web.get("/declared", big_declared), web.get("/hang", hang),
+                               web.get("/trickle", trickle), web.get("/redirect", redirect),
+                               web.get("/page.html", page)])
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.host, 0).start()
+        self.url = f"http://{self.host}:{self.runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.stop.set()
+        await self.runner.cleanup()
+
+
+def fetcher_for(*allowed, **kw) -> RemoteAudioFetcher:
+    return RemoteAudioFetcher(UrlPolicy.parse(allowed), **kw)
+
+
+def test_url_fetching_with_limits():
+    async def main():
+        async with LoopbackSite() as site:
+            fetcher = fetcher_for("127.0.0.1", timeout_s=0.5)
+            try:
+                np.testing.assert_array_equal(await fetch(site.url + "/clip.wav", fetcher=fetcher), CLIP_WAV)
+                np.testing.assert_array_equal(await fetch(site.url + "/redirect?n=3", fetcher=fetcher), CLIP_WAV)
+                await expect_error(fetch(site.url + "/redirect?n=4", fetcher=fetcher), FAILED)  # 4 hops > 3
+                await expect_error(fetch(site.url + "/big", fetcher=fetcher, max_bytes=1_000_000), "larger than", 413)
+                await expect_error(fetch(site.url + "/declared", fetcher=fetcher, max_bytes=1_000_000), "larger", 413)
+                await expect_error(fetch(site.url + "/hang", fetcher=fetcher), FAILED)
+                await expect_error(fetch(site.url + "/trickle", fetcher=fetcher), FAILED)
+            finally:
+                await fetcher.close()
+    run(main())
+
+
+def test_url_fetch_failures_all_read_the_same():
+    """404, an HTML page, a closed port, a refused address, a timeout, junk: one message, no port-scanning oracle."""
+    async def main():
+        async with LoopbackSite() as site:
+            closed = f"http://127.0.0.1:{free_port()}/clip.wav"
+            allowed, default = fetcher_for("127.0.0.1", timeout_s=0.5), fetcher_for()
+            try:
+                for fetcher, url in [(allowed, site.url + "/missing"), (allowed, site.url + "/page.html"),
+                                     (allowed, closed), (allowed, site.url + "/hang"), (allowed, "http://[::1/x.wav"),
+                                     (allowed, site.url.replace("http:", "https:") + "/clip.wav"),
+                                     (default, site.url + "/clip.wav")]:
+                    with pytest.raises(RefAudioError) as error:
+                        await fetch(url, fetcher=fetcher)
+                    assert (str(error.value), error.value.status) == (URL_FAILED, 400), url
+            finally:
+                await allowed.close()
+                await default.close()
+    run(main())
+
+
+def test_non_public_addresses_are_refused_before_any_request():
+    async def main():
+        async with LoopbackSite() as site, LoopbackSite("127.0.0.2") as other:
+            port = site.url.rsplit(":", 1)[1]
+            default, by_name, by_net = fetcher_for(), fetcher_for("LOCALHOST"), fetcher_for("127.0.0.2/32")
+            try:
+                # by address, by a name resolving to loopback, by a numeric form: refused, and nothing arrives
+                for url in (site.url + "/clip.wav", f"http://localhost:{port}/clip.wav",
+                            f"http://0x7f000001:{port}/clip.wav", f"http://[::ffff:127.0.0.1]:{port}/clip.wav"):
+                    await expect_error(fetch(url, fetcher=default), FAILED)
+                assert site.hits == []
+                # an allow-listed host or network is fetched
+                np.testing.assert_array_equal(await fetch(f"http://localhost:{port}/clip.wav", fetcher=by_name),
+                                              CLIP_WAV)
+                np.testing.assert_array_equal(await fetch(other.url + "/clip.wav", fetcher=by_net), CLIP_WAV)
+                assert site.hits == ["/clip.wav"] and other.hits == ["/clip.wav"]
+                # a redirect from an allowed host to one that is not: the hop is checked, the target never asked
+                hop = other.url + "/redirect?to=" + urllib.parse.quote(site.url + "/clip.wav")
+                await expect_error(fetch(hop, fetcher=by_net), FAILED)
+                assert site.hits == ["/clip.wav"] and len(other.hits) == 2
+            finally:
+                for fetcher in (default, by_name, by_net):
+                    await fetcher.close()
+    run(main())
+
+
+@pytest.mark.parametrize("address,public", [
+    ("8.8.8.8", True), ("2001:4860:4860::8888", True), ("127.0.0.1", False), ("10.1.2.3", False),
+    ("172.16.0.1", False), ("192.168.1.1", False), ("169.254.169.254", False), ("100.64.0.1", False),
+    ("0.0.0.0", False), ("224.0.0.1", False), ("255.255.255.255", False), ("::1", False), ("::", False),
+    ("fd00:ec2::254", False), ("fe80::1%eth0", False), ("ff02::1", False), ("::ffff:10.0.0.1", False),
+    ("64:ff9b::a00:1", False), ("2002:a00:1::", False)])
+def test_address_policy(address, public):
+    assert UrlPolicy().permits("example.com", address) is public
+    assert UrlPolicy.parse(["0.0.0.0/0", "::/0"]).permits("example.com", address)
+    assert UrlPolicy.parse(["Example.COM."]).permits("example.com", address)
+
+
+def test_address_policy_rejects_junk_entries():
+    with pytest.raises(ValueError, match="neither an IP address"):
+        UrlPolicy.parse(["http://example.com"])
+
+
+def test_urls_disabled_and_concurrent_fetches_bounded():
+    async def main():
+        await expect_error(fetch("http://example.com/a.wav"), "URLs are disabled on this server")
+        async with LoopbackSite() as site:
+            fetcher = fetcher_for("127.0.0.1", max_concurrent=2, timeout_s=1.0)
+            try:
+                hanging = [asyncio.create_task(fetch(site.url + "/hang", fetcher=fetcher)) for _ in range(2)]
+                while len(site.hits) < 2:
+                    await asyncio.sleep(0.01)
+                started = asyncio.get_running_loop().time()
+                await expect_error(fetch(site.url + "/clip.wav", fetcher=fetcher), "already in progress", 429)
+                assert asyncio.get_running_loop().time() - started < 0.1 and len(site.hits) == 2
+                for task in hanging:
+                    await expect_error(task, FAILED)
+                assert (await fetch(site.url + "/clip.wav", fetcher=fetcher)).shape == CLIP_WAV.shape  # freed
+            finally:
+                await fetcher.close()
     run(main())
 
 
@@ -239,25 +348,34 @@ def make_store(tmp_path, **kw) -> VoiceStore:
     return VoiceStore(str(tmp_path / "voices"), **kw)
 
 
+def record_of(store: VoiceStore, name: str) -> VoiceRecord | None:
+    loaded = store.load(name)
+    return loaded and loaded[0]
+
+
+def files_under(path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
 def test_voice_store_lifecycle(tmp_path):
     store = make_store(tmp_path)
-    first = store.add("Fox", CLIP, "fox.wav", "audio/wav", " The quick brown fox. ", "yes")
+    first = store.add("Fox", CLIP, " The quick brown fox. ", "yes")
     assert isinstance(first, VoiceRecord) and first.name == "Fox" and first.ref_text == "The quick brown fox."
     assert first.to_json() == {"name": "Fox", "ref_text": "The quick brown fox.", "created_at": first.created_at,
                                "file_size": len(CLIP), "mime_type": "audio/wav",
                                "duration_s": round(len(CLIP_WAV) / 24000, 3), "consent": "yes"}
-    assert store.get("fox") == first and store.get("FOX") == first and store.get("fo") is None
-    np.testing.assert_array_equal(store.samples(first), CLIP_WAV)
-    assert store.samples(first) is store.samples(first)  # cached, shared, read-only
-    assert not store.samples(first).flags.writeable
+    assert record_of(store, "fox") == first and record_of(store, "FOX") == first and store.load("fo") is None
+    record, samples = store.load("fox")
+    np.testing.assert_array_equal(samples, CLIP_WAV)
+    assert store.load("fox")[1] is samples and not samples.flags.writeable  # cached, shared, read-only
     # re-upload (any case) replaces and bumps created_at strictly, even in a tight loop
     stamps = [first.created_at]
     for _ in range(3):
-        stamps.append(store.add("fox", CLIP_22K, "f.flac", "audio/x-wav", None, None).created_at)
+        stamps.append(store.add("fox", CLIP_22K, None, None).created_at)
     assert stamps == sorted(stamps) and len(set(stamps)) == 4
-    latest = store.get("Fox")
+    latest, samples = store.load("Fox")
     assert latest.name == "fox" and latest.ref_text is None and latest.sample_rate == 22050
-    assert store.samples(latest).shape[0] == resampled_length(N_22K, 22050)
+    assert samples.shape[0] == resampled_length(N_22K, 22050)
     # the stored file is named by the store, with the decoded container's extension
     folder = tmp_path / "voices" / "fox"
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("clip-")) == ["meta.json"]
@@ -266,18 +384,18 @@ def test_voice_store_lifecycle(tmp_path):
     for field in ("name", "ref_text", "created_at", "mime_type", "file_size", "consent", "sample_rate",
                   "duration_s"):
         assert field in meta
-    store.add("b", CLIP, "b.wav", "audio/wav", "text", "consent-id-1")
-    store.add("a", CLIP, None, None, None, None)
+    store.add("b", CLIP, "text", "consent-id-1")
+    store.add("a", CLIP, None, None)
     assert [v.name for v in store.list()] == ["a", "b", "fox"] and len(store) == 3
-    assert store.delete("FOX") and not store.delete("fox") and store.get("fox") is None
+    assert store.delete("FOX") and not store.delete("fox") and store.load("fox") is None
     assert [v.name for v in store.list()] == ["a", "b"]
     assert not store.delete("../etc") and not store.delete("")
 
 
 def test_persistence_and_corrupt_entries(tmp_path, caplog):
     store = make_store(tmp_path)
-    b = store.add("Bee", CLIP, "b.wav", "audio/wav", "text", "ok")
-    store.add("gone", CLIP, "g.wav", "audio/wav", None, None)
+    b = store.add("Bee", CLIP, "text", "ok")
+    store.add("gone", CLIP, None, None)
     store.delete("gone")
     root = tmp_path / "voices"
     (root / "broken").mkdir()
@@ -288,40 +406,51 @@ def test_persistence_and_corrupt_entries(tmp_path, caplog):
     (root / "mismatch").mkdir()
     (root / "mismatch" / "meta.json").write_text((root / "bee" / "meta.json").read_text())
     (root / "bee" / ".tmp-leftover").write_bytes(b"partial")
+    (root / "bee" / "clip-0-dead.wav").write_bytes(CLIP)  # a replaced version a crash left behind
     (root / "stray.txt").write_text("not a voice")
     with caplog.at_level(logging.WARNING, logger="omni_tts.entrypoints.voices"):
         restored = VoiceStore(str(root))
     assert [v.name for v in restored.list()] == ["Bee"]
-    assert restored.get("bee") == b  # every field, created_at included
-    np.testing.assert_array_equal(restored.samples(restored.get("bee")), CLIP_WAV)
+    record, samples = restored.load("bee")
+    assert record == b  # every field, created_at included
+    np.testing.assert_array_equal(samples, CLIP_WAV)
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert all(name in warned for name in ("broken", "noclip", "mismatch"))
-    assert not (root / "gone").exists() and not (root / "bee" / ".tmp-leftover").exists()
+    assert not (root / "gone").exists() and sorted(os.listdir(root / "bee")) == [os.path.basename(b.path),
+                                                                                "meta.json"]
     # created_at keeps increasing after a restart
-    assert restored.add("bee", CLIP, "b.wav", "audio/wav", None, None).created_at > b.created_at
+    assert restored.add("bee", CLIP, None, None).created_at > b.created_at
 
 
-def test_snapshot_survives_delete_and_replace(tmp_path):
+def test_replaced_and_deleted_clips_leave_the_disk_at_once(tmp_path):
+    """The probe: 40 overwrites of a voice left 40 clips on disk, still there after DELETE."""
     store = make_store(tmp_path)
-    store.add("v", CLIP, "v.wav", "audio/wav", "t", None)
-    cold = VoiceStore(store.root)  # a fresh store: nothing cached
-    snapshot = cold.get("v")
-    assert cold.delete("v") and cold.get("v") is None
-    np.testing.assert_array_equal(cold.samples(snapshot), CLIP_WAV)  # the file outlives the delete (grace period)
-    cold.add("v", CLIP, "v.wav", "audio/wav", "t", None)
-    old = cold.get("v")
-    cold.add("v", CLIP_22K, "v.wav", "audio/wav", "t", None)
-    np.testing.assert_array_equal(cold.samples(old), CLIP_WAV)  # the replaced version, not the new one
-    assert cold.samples(cold.get("v")).shape[0] == resampled_length(N_22K, 22050)
-    # without a grace period the files go at once; a cached snapshot still works, an uncached one is a 404
-    quick = VoiceStore(str(tmp_path / "quick"), retire_grace_s=0)
-    cached = quick.add("q", CLIP, "q.wav", "audio/wav", None, None)
-    quick.samples(cached)
-    uncached = VoiceStore(quick.root, retire_grace_s=0).get("q")
-    assert quick.delete("q") and not (tmp_path / "quick" / "q").exists()
-    with pytest.raises(VoiceError, match="was deleted") as error:
-        quick.samples(uncached)
-    assert error.value.status == 404
+    root = tmp_path / "voices"
+    for i in range(40):
+        store.add("big", CLIP if i % 2 else CLIP_22K, None, None)
+    record = record_of(store, "big")
+    assert files_under(root) == [f"big/{os.path.basename(record.path)}", "big/meta.json"]
+    assert store.delete("big") and files_under(root) == [] and os.listdir(root) == []
+    assert VoiceStore(str(root)).list() == []
+
+
+def test_a_clip_being_read_outlives_its_replacement_until_the_read_ends(tmp_path):
+    store = make_store(tmp_path)
+    old = store.add("v", CLIP, "t", None)
+    cold = VoiceStore(store.root)   # nothing cached: load reads the file
+    with cold._lock:                # a load that has looked the voice up and pinned its clip, as load does
+        cold._pins[old.path] += 1
+    cold.add("v", CLIP_22K, "t", None)
+    assert os.path.exists(old.path)          # still being read
+    cold._unpin(old.path)                    # the read ends
+    assert not os.path.exists(old.path)
+    new, samples = cold.load("v")
+    assert new.created_at > old.created_at and samples.shape[0] == resampled_length(N_22K, 22050)
+    with cold._lock:
+        cold._pins[new.path] += 1
+    assert cold.delete("v") and os.path.exists(new.path)
+    cold._unpin(new.path)
+    assert os.listdir(cold.root) == []       # the clip and its folder
 
 
 @pytest.mark.parametrize("name", ["a", "A-b_c.d", "-x", "_", "x" * 64, "v1.2"])
@@ -336,65 +465,72 @@ def test_invalid_names(tmp_path, name):
     assert error.value.status == 400 and error.value.param == "name"
     store = make_store(tmp_path)
     with pytest.raises(VoiceError, match="voice name"):
-        store.add(name, CLIP, "x.wav", "audio/wav", None, None)
-    assert store.get(name) is None and store.list() == []
+        store.add(name, CLIP, None, None)
+    assert store.load(name) is None and store.list() == []
 
 
-@pytest.mark.parametrize("audio,filename,mime,status,message", [
-    (CLIP, "x.exe", "application/x-msdownload", 415, "extension '.exe' and type 'application/x-msdownload'"),
-    (CLIP, "notes.txt", "", 415, "not supported"),
-    (CLIP, "", "text/plain", 415, "type 'text/plain'"),
-    (encode(tone(2), 24000, "AIFF"), "x.wav", "audio/wav", 415, "AIFF audio"),
-    (b"not audio" * 100, "x.wav", "audio/wav", 400, "audio_sample is not a readable audio file"),
-    (b"", "x.wav", "audio/wav", 400, "empty"),
-    (b"\0" * (2 * 1024 * 1024), "x.wav", "audio/wav", 413, "larger than"),
-    (encode(tone(0.5), 24000, "WAV"), "x.wav", "audio/wav", 400, "audio_sample is too short"),
-    (encode(tone(31, 8000), 8000, "WAV"), "x.wav", "audio/wav", 400, "audio_sample is too long"),
-], ids=["exe", "txt", "text-mime", "aiff", "not-audio", "empty", "too-large", "too-short", "too-long"])
-def test_voice_store_rejects(tmp_path, audio, filename, mime, status, message):
+@pytest.mark.parametrize("audio,ref_text,status,param,message", [
+    (encode(tone(2), 24000, "AIFF"), None, 415, "audio_sample", "AIFF audio"),
+    (b"not audio" * 100, None, 400, "audio_sample", "audio_sample is not a readable audio file"),
+    (b"", None, 400, "audio_sample", "empty"),
+    (b"\0" * (2 * 1024 * 1024), None, 413, "audio_sample", "larger than"),
+    (encode(tone(0.5), 24000, "WAV"), None, 400, "audio_sample", "audio_sample is too short"),
+    (encode(tone(31, 8000), 8000, "WAV"), None, 400, "audio_sample", "audio_sample is too long"),
+    (CLIP, "x" * (MAX_REF_TEXT_CHARS + 1), 400, "ref_text", f"ref_text is longer than {MAX_REF_TEXT_CHARS}"),
+], ids=["aiff", "not-audio", "empty", "too-large", "too-short", "too-long", "long-ref-text"])
+def test_voice_store_rejects(tmp_path, audio, ref_text, status, param, message):
     store = make_store(tmp_path, max_bytes=1024 * 1024)
     with pytest.raises(VoiceError, match=message) as error:
-        store.add("ok", audio, filename, mime, None, None)
-    assert error.value.status == status and store.list() == []
+        store.add("ok", audio, ref_text, None)
+    assert (error.value.status, error.value.param) == (status, param) and store.list() == []
     assert os.listdir(store.root) == []
+    assert store.add("ok", CLIP, "y" * MAX_REF_TEXT_CHARS, None).ref_text == "y" * MAX_REF_TEXT_CHARS
 
 
-def test_voice_store_accepts_formats(tmp_path):
+def test_voice_store_sniffs_the_container(tmp_path):
     store = make_store(tmp_path)
-    for name, data, filename, mime, expected, extension in [
-            ("w", CLIP, "upload", "application/octet-stream", "audio/wav", ".wav"),  # nothing to go on: decoded
-            ("f", encode(tone(2), 24000, "FLAC"), "a.flac", "", "audio/flac", ".flac"),
-            ("o", encode(tone(2), 24000, "OGG", "VORBIS"), "", "audio/ogg", "audio/ogg", ".ogg"),
-            ("m", encode(tone(2), 24000, "MP3"), "a.mp3", "audio/mpeg", "audio/mpeg", ".mp3"),
-            ("x", encode(tone(2), 24000, "FLAC"), "mislabelled.wav", "audio/wav", "audio/flac", ".flac")]:
-        record = store.add(name, data, filename, mime, None, None)
+    for name, data, expected, extension in [
+            ("w", CLIP, "audio/wav", ".wav"),
+            ("f", encode(tone(2), 24000, "FLAC"), "audio/flac", ".flac"),
+            ("o", encode(tone(2), 24000, "OGG", "VORBIS"), "audio/ogg", ".ogg"),
+            ("m", encode(tone(2), 24000, "MP3"), "audio/mpeg", ".mp3")]:
+        record = store.add(name, data, None, None)
         assert record.mime_type == expected and record.path.endswith(extension), record
         assert open(record.path, "rb").read() == data  # kept exactly as uploaded
-        assert abs(store.samples(record).shape[0] - record.duration_s * 24000) < 2400
+        assert abs(store.load(name)[1].shape[0] - record.duration_s * 24000) < 2400
 
 
-def test_voice_limit_and_cache_bound(tmp_path):
+def test_voice_limit_quota_and_cache_bound(tmp_path):
     store = make_store(tmp_path, max_voices=2, cache_bytes=2 * len(CLIP_WAV) * 4 - 1)
-    store.add("a", CLIP, "a.wav", "audio/wav", None, None)
-    store.add("b", CLIP, "b.wav", "audio/wav", None, None)
+    store.add("a", CLIP, None, None)
+    store.add("b", CLIP, None, None)
     with pytest.raises(VoiceError, match=r"voice limit reached \(2") as error:
-        store.add("c", CLIP, "c.wav", "audio/wav", None, None)
-    assert error.value.status == 409 and store.get("c") is None
-    store.add("A", CLIP, "a.wav", "audio/wav", None, None)  # overwriting at the limit is fine
+        store.add("c", CLIP, None, None)
+    assert error.value.status == 409 and store.load("c") is None
+    store.add("A", CLIP, None, None)  # overwriting at the limit is fine
     info = store.cache_info()
     assert info["entries"] == 1 and info["bytes"] <= info["limit_bytes"]
-    assert store.delete("b") and store.add("c", CLIP, "c.wav", "audio/wav", None, None).name == "c"
+    assert store.delete("b") and store.add("c", CLIP, None, None).name == "c"
+    # the quota counts the live clips; a replacement counts in place of the clip it replaces
+    quota = make_store(tmp_path / "q", quota_bytes=2 * len(CLIP) + 10)
+    quota.add("a", CLIP, None, None)
+    quota.add("b", CLIP, None, None)
+    with pytest.raises(VoiceError, match="voice store is full") as error:
+        quota.add("c", CLIP_22K, None, None)
+    assert error.value.status == 413 and quota.load("c") is None
+    quota.add("a", CLIP_22K, None, None)
+    assert quota.delete("b") and quota.add("c", CLIP, None, None).name == "c"
 
 
 def test_concurrent_uploads(tmp_path):
     store = make_store(tmp_path)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        records = list(pool.map(lambda i: store.add(f"v{i % 4}", CLIP, "v.wav", "audio/wav", str(i), None),
-                                range(16)))
-        lookups = list(pool.map(lambda i: store.get(f"V{i % 4}"), range(16)))
+        records = list(pool.map(lambda i: store.add(f"v{i % 4}", CLIP, str(i), None), range(16)))
+        lookups = list(pool.map(lambda i: store.load(f"V{i % 4}"), range(16)))
     assert len({r.created_at for r in records}) == 16
     assert [v.name for v in store.list()] == ["v0", "v1", "v2", "v3"] and all(lookups)
     for v in store.list():  # the survivor of each name is its newest upload
         assert v.created_at == max(r.created_at for r in records if r.name == v.name)
+    assert len(files_under(tmp_path / "voices")) == 8  # one clip and one meta.json per voice
     restored = VoiceStore(store.root)
     assert [v.to_json() for v in restored.list()] == [v.to_json() for v in store.list()]

@@ -59,8 +59,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
+    p.add_argument("--allow-remote-ref-audio", action="store_true",
+                   help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
+    p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",
+                   help="hosts, addresses or networks ref_audio URLs may reach although they are not public "
+                        "(loopback, private, link-local); repeatable or comma-separated")
+    p.add_argument("--voices-quota-mb", type=int, default=1024,
+                   help="total size of the uploaded voices' clips, in MiB; uploads beyond are answered 413")
+    p.add_argument("--api-key", default=os.environ.get("OMNI_TTS_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
     p.add_argument("--body-read-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive before the server answers 408")
+    p.add_argument("--first-audio-timeout", type=float, default=120.0,
+                   help="seconds an admitted request may wait for its first audio before a 503")
+    p.add_argument("--request-timeout", type=float, default=1800.0,
+                   help="seconds a request may run before it is ended (504, or a cut stream)")
     p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
                    help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
     p.add_argument("--max-restarts", type=int, default=5,
@@ -73,6 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     from aiohttp import web
 
+    from omni_tts.audio.ref_audio import UrlPolicy
     from omni_tts.config import load_stage_config, set_torch_threads
     from omni_tts.entrypoints.server import ServerConfig, build_app
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
@@ -81,6 +95,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.voices_quota_mb < 1:
+        raise ValueError(f"--voices-quota-mb must be >= 1, got {args.voices_quota_mb}")
+    allowed_hosts = [h for entry in args.ref_audio_allowed_hosts for h in entry.split(",") if h.strip()]
+    if allowed_hosts and not args.allow_remote_ref_audio:
+        raise ValueError("--ref-audio-allowed-hosts needs --allow-remote-ref-audio")
+    ref_audio_urls = UrlPolicy.parse(allowed_hosts) if args.allow_remote_ref_audio else None
     if not args.body_read_timeout > 0:
         raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
@@ -92,15 +112,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
-    if not args.stage_heartbeat_timeout > 0 or args.max_restarts < 0:
-        raise ValueError("--stage-heartbeat-timeout must be > 0 and --max-restarts >= 0")
+    if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0):
+        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout and --request-timeout must be > 0")
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                             max_restarts=args.max_restarts)
     # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     app = build_app(engine, ServerConfig(
         served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
-        allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout))
+        allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
+        ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=args.api_key or None,
+        first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout))
     logging.getLogger("omni_tts").setLevel(logging.INFO)
     print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
           f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)

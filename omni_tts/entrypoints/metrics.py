@@ -1,6 +1,8 @@
 """Prometheus metrics of one server (its own registry, so several apps can live in one process)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from omni_tts.stages.protocol import StageStats
@@ -35,9 +37,15 @@ class ServerMetrics:
         self.connector_chunks = Gauge("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring",
                                       registry=r)
         self.stage_up = Gauge("omni_tts_stage_up", "1 while every stage process is alive", registry=r)
+        self.restarts = Counter("omni_tts_pipeline_restarts", "Pipeline restarts, by the stage whose failure (exit, "
+                                "error, hang; orchestrator: its own task) caused them", ["stage"], registry=r)
+        self._restarts_counted: dict[str, int] = {}
 
-    def observe_stages(self, stats: dict[str, StageStats], healthy: bool) -> None:
+    def observe_stages(self, stats: dict[str, StageStats], healthy: bool, restarts: Mapping[str, int]) -> None:
         self.stage_up.set(1 if healthy else 0)
+        for name, count in restarts.items():  # the engine counts; the counter catches up at each scrape
+            self.restarts.labels(name).inc(count - self._restarts_counted.get(name, 0))
+            self._restarts_counted[name] = count
         for name, s in stats.items():
             self.stage_steps.labels(name).set(s.num_steps)
             self.stage_requests.labels(name).set(len(s.request_ids))

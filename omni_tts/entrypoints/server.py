@@ -9,27 +9,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import hmac
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import aiohttp
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
-from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
+from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.openapi import openapi_route
 from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
-from omni_tts.entrypoints.voices import VoiceError, VoiceStore
+from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine, GenerationChunk, RequestFailed, StageDeadError
+from omni_tts.orchestrator.async_engine import (AsyncTTSEngine, GenerationChunk, RequestFailed, RequestTimedOut,
+                                               StageDeadError)
 from omni_tts.stages.protocol import StageStats
 
 logger = logging.getLogger(__name__)
@@ -42,7 +45,12 @@ class ServerConfig:
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
     allowed_local_media_path: str | None = None
+    ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
+    voices_quota_bytes: int = QUOTA_BYTES      # all uploaded clips together; beyond → 413
+    api_key: str | None = None                 # when set, every route but /health needs `Authorization: Bearer <key>`
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
+    first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
+    request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
 
 
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
@@ -55,8 +63,9 @@ class ServerState:
         self.engine, self.config = engine, config
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
-        self.voices = VoiceStore(config.voices_dir) if config.voices_dir else None
-        self.session: aiohttp.ClientSession | None = None
+        self.voices = (VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir
+                       else None)
+        self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
         self._stage_stats: asyncio.Task | None = None
 
@@ -147,7 +156,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state.metrics.queue_depth.inc()
     waiting = True
     stream = state.engine.generate(synthesis, output_dtype="float32",
-                                   initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key)
+                                   initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
+                                   first_audio_timeout=state.config.first_audio_timeout,
+                                   timeout=state.config.request_timeout)
     try:
         try:
             first = await anext(stream)
@@ -155,6 +166,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             raise ApiError(400, str(e), e.param) from None
         except StageDeadError as e:
             raise ApiError(503, str(e)) from None
+        except RequestTimedOut as e:
+            raise ApiError(503, f"the server is overloaded: {e}; retry shortly") from None
         except RequestFailed as e:
             raise ApiError(500, f"speech generation failed: {e}") from None
         state.metrics.queue_depth.dec()
@@ -165,6 +178,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
                 response = await respond_whole(state, speech, first, stream)
             except StageDeadError as e:
                 raise ApiError(503, str(e)) from None
+            except RequestTimedOut as e:
+                raise ApiError(504, str(e)) from None
             except RequestFailed as e:
                 raise ApiError(500, f"speech generation failed: {e}") from None
         elif speech.stream_format == "sse":
@@ -206,19 +221,21 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
             raise ApiError(400, "give either voice (an uploaded voice) or ref_audio, not both", "voice")
         if speech.ref_audio is not None:
             try:
-                ref_audio = (await fetch_ref_audio(speech.ref_audio, allowed_local_path=state.config.allowed_local_media_path,
-                                                   session=state.session, executor=state.pool), SAMPLE_RATE)
+                samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
+                                                allowed_local_path=state.config.allowed_local_media_path)
+                ref_audio = (samples, SAMPLE_RATE)
             except RefAudioError as e:
                 raise ApiError(e.status, str(e), "ref_audio") from None
         elif voice is not None:
-            record = state.voices.get(voice) if state.voices else None  # a snapshot: safe against deletion
-            if record is None:
-                raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
-                                    "ref_audio", "voice")
-            try:
-                ref_audio = (await state.run(state.voices.samples, record), SAMPLE_RATE)
+            try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
+                loaded = await state.run(state.voices.load, voice) if state.voices else None
             except VoiceError as e:
                 raise ApiError(e.status, str(e), "voice") from None
+            if loaded is None:
+                raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
+                                    "ref_audio", "voice")
+            record, samples = loaded
+            ref_audio = (samples, SAMPLE_RATE)
             voice_key = record.version_key
             if ref_text is None:
                 ref_text = record.ref_text
@@ -369,29 +386,57 @@ async def list_voices(request: web.Request) -> web.Response:
     return web.json_response({"voices": sorted(builtin + [v["name"] for v in uploaded]), "uploaded_voices": uploaded})
 
 
+_VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
+               "accepted too) and optionally ref_text and consent")
+_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; the voice store checks the real limits
+
+
+async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
+    data = bytearray()
+    while chunk := await part.read_chunk():
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(413, f"multipart field '{field}' is larger than {limit} bytes", field)
+    return bytes(data)
+
+
+async def read_voice_form(request: web.Request, max_audio_bytes: int) -> tuple[dict[str, str], bytes | None]:
+    """The upload's text fields (name, ref_text, consent; strict UTF-8) and clip, each read with a size cap; any
+    malformed body → 400 with `_VOICE_FORM`, the parser's detail to the log. Unknown fields are skipped unread."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(400, _VOICE_FORM)
+    fields: dict[str, str] = {}
+    audio = None
+    try:
+        async for part in await request.multipart():
+            if not isinstance(part, aiohttp.BodyPartReader):  # a nested multipart/mixed
+                raise ApiError(400, _VOICE_FORM)
+            if part.name in ("audio_sample", "file"):  # `file`: what the openai SDK names a file field
+                audio = await _read_part(part, max_audio_bytes, "audio_sample")
+            elif part.name in ("name", "ref_text", "consent"):
+                raw = await _read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
+                try:
+                    fields[part.name] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ApiError(400, f"multipart field '{part.name}' is not valid UTF-8", part.name) from None
+    except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body
+        logger.info("voices: unreadable multipart body: %s", e)
+        raise ApiError(400, _VOICE_FORM) from None
+    return fields, audio
+
+
 async def upload_voice(request: web.Request) -> web.Response:
     state = request.app[STATE]
     store = _voices_or_404(state)
     if state.engine.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
-    fields: dict[str, str] = {}
-    audio: bytes | None = None
-    filename, mime = "", ""
-    reader = await request.multipart()
-    async for part in reader:
-        if part.name == "audio_sample":
-            filename, mime = part.filename or "", part.headers.get("Content-Type", "")
-            audio = bytes(await part.read(decode=False))
-            if len(audio) > store.max_bytes:
-                raise ApiError(413, f"audio_sample larger than {store.max_bytes} bytes", "audio_sample")
-        elif part.name:
-            fields[part.name] = (await part.text())[:4096]
+    fields, audio = await read_voice_form(request, store.max_bytes)
     if audio is None:
         raise ApiError(400, "multipart field 'audio_sample' (the reference clip) is required", "audio_sample")
     if not fields.get("name"):
         raise ApiError(400, "multipart field 'name' is required", "name")
     try:
-        record = await state.run(store.add, fields["name"], audio, filename, mime, fields.get("ref_text") or None,
+        record = await state.run(store.add, fields["name"], audio, fields.get("ref_text") or None,
                                  fields.get("consent"))
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
@@ -429,18 +474,38 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
+def api_key_middleware(api_key: str) -> Callable:
+    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; /health stays open for
+    load balancers and supervisors. Runs inside error_middleware, which renders the error."""
+    expected = api_key.encode("utf-8")
+
+    @web.middleware
+    async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
+        if request.path != "/health":
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            # constant-time: the comparison must not tell how much of a guessed key was right
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode("utf-8", "surrogateescape"), expected):
+                raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+        return await handler(request)
+
+    return check_api_key
+
+
 def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
     """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[error_middleware], handler_args=None)
+    middlewares = [error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[ENGINE], app[CONFIG] = engine, config
 
     async def lifecycle(app: web.Application):
         if owns_engine:
             await engine.start()
         state = app[STATE] = ServerState(engine, config)
-        state.session = aiohttp.ClientSession()
         yield
-        await state.session.close()
+        if state.fetcher is not None:
+            await state.fetcher.close()
         state.pool.shutdown(wait=False, cancel_futures=True)
         if owns_engine:
             await engine.shutdown()

@@ -9,20 +9,25 @@ Names: 1–64 characters of `[A-Za-z0-9_.-]`, not starting with `.`. A name is s
 lookup, overwrite and delete are case-insensitive ("Fox" and "fox" are the same voice), so names never collide on
 case-insensitive file systems.
 
-Snapshots: `get` returns an immutable `VoiceRecord`. A request that looked a voice up keeps a usable record even if
-the voice is deleted or replaced right after: decoded samples are cached (LRU bounded by bytes), and the files of a
-deleted or replaced version stay on disk for `retire_grace_s` seconds so `samples(record)` can still decode them.
-`created_at` increases strictly across the whole store, even for a re-upload within the same clock tick or after a
-clock step back, so `(name, created_at)` identifies one version of a voice for any cache.
+Uploads are untrusted: the container is sniffed from the bytes (libsndfile), never taken from the client's file
+name or MIME type, and only wav, flac, ogg/opus and mp3 are kept; `ref_text` is at most `MAX_REF_TEXT_CHARS`
+characters, refused at upload rather than failing every later use.
 
-Threads: `get` / `list` only take a short in-memory lock and never touch the disk, so the event loop may call them.
-`add` (decodes audio, writes files), `delete` and `samples` are blocking: call them in an executor. Disk writes are
-serialised by a second lock that `get` never waits for.
+Versions: `load` looks a voice up and pins its clip in one step and returns an immutable `VoiceRecord` with the
+samples, so a request gets the version it looked up, whole, even if the voice is replaced or deleted meanwhile.
+Decoded samples are cached (LRU bounded by bytes). A replaced or deleted clip is removed from disk at once, or,
+when a `load` is reading it, as soon as that read ends: the disk holds the live voices and nothing else. The clips
+of all live voices together stay within `quota_bytes`. `created_at` increases strictly across the whole store, even
+for a re-upload within the same clock tick or after a clock step back, so `(name, created_at)` identifies one
+version of a voice for any cache.
 
-Status codes (`VoiceError.status`): 400 bad name / empty / undecodable / duration outside 1–30 s, 413 larger than
-`max_bytes`, 415 file type outside the allow-list (wav, flac, ogg/opus, mp3 — by extension, MIME type and the
-decoded container), 409 voice limit reached, 404 (`samples`) a snapshot whose files are gone, 500 a stored clip that
-no longer decodes.
+Threads: `list` only takes a short in-memory lock and never touches the disk, so the event loop may call it. `add`
+(decodes audio, writes files), `delete` and `load` are blocking: call them in an executor. Disk writes are
+serialised by a second lock that `list` never waits for.
+
+Status codes (`VoiceError.status`): 400 bad name / ref_text too long / empty / undecodable / duration outside
+1–30 s, 413 larger than `max_bytes` or the store's quota, 415 audio in a container outside the allow-list, 409 voice
+limit reached, 500 a stored clip that can no longer be read (the detail goes to the log).
 """
 from __future__ import annotations
 
@@ -50,11 +55,11 @@ _TMP_PREFIX = ".tmp-"
 # libsndfile container → (file extension, canonical MIME type); anything else is refused with 415
 _CONTAINERS = {"WAV": (".wav", "audio/wav"), "WAVEX": (".wav", "audio/wav"), "RF64": (".wav", "audio/wav"),
                "FLAC": (".flac", "audio/flac"), "OGG": (".ogg", "audio/ogg"), "MP3": (".mp3", "audio/mpeg")}
-_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3"}
-_MIME_TYPES = {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave", "audio/x-pn-wav", "audio/flac",
-               "audio/x-flac", "audio/ogg", "audio/opus", "application/ogg", "audio/mpeg", "audio/mp3",
-               "audio/x-mp3", "audio/mpeg3", "audio/x-mpeg-3"}
-_UNINFORMATIVE_MIME = {"", "application/octet-stream", "binary/octet-stream"}
+# a transcript of a clip of at most 30 s is a few hundred characters in any language; the talker's limit in tokens
+# is checked where the prompt is tokenized
+MAX_REF_TEXT_CHARS = 1024
+MAX_CONSENT_CHARS = 1024
+QUOTA_BYTES = 1024 ** 3      # all stored clips together (the default of --voices-quota-mb)
 _NAME_RULE = "voice name must be 1–64 characters of letters, digits, '_', '.' or '-', not starting with '.'"
 
 
@@ -76,7 +81,7 @@ class VoiceRecord:
     mime_type: str           # canonical type of the decoded container (audio/wav, audio/flac, audio/ogg, audio/mpeg)
     duration_s: float        # clip duration
     consent: str | None      # as given by the uploader
-    sample_rate: int         # sample rate of the clip as uploaded (samples() are always 24 kHz)
+    sample_rate: int         # sample rate of the clip as uploaded (load() gives 24 kHz)
     path: str                # the stored clip
 
     @property
@@ -126,34 +131,23 @@ def _write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def _check_type(filename: str | None, mime_type: str | None) -> None:
-    """415 unless the extension or the MIME type is allow-listed (or neither says anything)."""
-    extension = os.path.splitext(os.path.basename((filename or "").replace("\\", "/")))[1].lower()
-    mime = (mime_type or "").split(";")[0].strip().lower()
-    if extension in _EXTENSIONS or mime in _MIME_TYPES:
-        return
-    if not extension and mime in _UNINFORMATIVE_MIME:
-        return  # nothing to go on: the decoder decides
-    what = " and ".join(x for x in (f"extension {extension!r}" if extension else "",
-                                    f"type {mime!r}" if mime not in _UNINFORMATIVE_MIME else "") if x)
-    raise VoiceError(f"audio_sample {what} is not supported; upload wav, flac, ogg or mp3", 415)
-
-
 class VoiceStore:
     def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = 10 * 1024 * 1024,
-                 cache_bytes: int = 256 * 1024 * 1024, min_seconds: float = MIN_SECONDS,
-                 max_seconds: float = MAX_SECONDS, retire_grace_s: float = 300.0) -> None:
+                 quota_bytes: int = QUOTA_BYTES, cache_bytes: int = 256 * 1024 * 1024,
+                 min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> None:
         self.root = os.path.abspath(root_dir)
-        self.max_voices, self.max_bytes, self.cache_bytes = max_voices, max_bytes, cache_bytes
-        self.min_seconds, self.max_seconds, self.retire_grace_s = min_seconds, max_seconds, retire_grace_s
+        self.max_voices, self.max_bytes, self.quota_bytes, self.cache_bytes = (max_voices, max_bytes, quota_bytes,
+                                                                               cache_bytes)
+        self.min_seconds, self.max_seconds = min_seconds, max_seconds
         os.makedirs(self.root, exist_ok=True)
-        self._lock = threading.Lock()          # in-memory state: _voices, _cache, _last_created
-        self._write_lock = threading.Lock()    # disk mutations (add / delete), taken before _lock
+        self._lock = threading.Lock()          # in-memory state: _voices, _cache, _last_created, _pins, _doomed
+        self._write_lock = threading.Lock()    # disk mutations (add / delete / clip removal), taken before _lock
         self._voices: dict[str, VoiceRecord] = {}
         self._cache: collections.OrderedDict[tuple[str, float], np.ndarray] = collections.OrderedDict()
         self._cached_bytes = 0
         self._last_created = 0.0
-        self._retired: list[tuple[float, str]] = []   # (monotonic deadline, clip path) of replaced/deleted versions
+        self._pins: collections.Counter[str] = collections.Counter()  # clip path → loads reading it now
+        self._doomed: set[str] = set()   # replaced/deleted clips a load still reads: removed when the last one ends
         self._restore()
 
     # --- start-up --------------------------------------------------------------------------------------------
@@ -164,7 +158,7 @@ class VoiceStore:
                 continue
             meta_path = os.path.join(folder, META)
             if not os.path.exists(meta_path):
-                self._remove_leftovers(folder, keep=None)  # a deleted voice whose clip awaited its grace period
+                self._remove_leftovers(folder, keep=None)  # a voice deleted while a load read its clip
                 continue
             try:
                 record = self._read_meta(entry, meta_path)
@@ -236,13 +230,6 @@ class VoiceStore:
         return name
 
     # --- reads (non-blocking: fine on the event loop) ----------------------------------------------------------
-    def get(self, name: str) -> VoiceRecord | None:
-        """Snapshot of the voice called `name` (case-insensitive), or None."""
-        if not isinstance(name, str) or not name.isascii():
-            return None
-        with self._lock:
-            return self._voices.get(name.lower())
-
     def list(self) -> list[VoiceRecord]:
         """All voices, sorted by name (case-insensitively)."""
         with self._lock:
@@ -254,8 +241,7 @@ class VoiceStore:
             return len(self._voices)
 
     # --- blocking operations (call in an executor) ---------------------------------------------------------------
-    def add(self, name: str, audio_bytes: bytes, filename: str | None, mime_type: str | None, ref_text: str | None,
-            consent: str | None) -> VoiceRecord:
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
         """Validate and store a clip, replacing a voice of the same name (case-insensitive). Blocking."""
         self.validate_name(name)
         audio_bytes = bytes(audio_bytes)
@@ -264,13 +250,16 @@ class VoiceStore:
                              f"({self.max_bytes / 2**20:g} MiB)", 413)
         if not audio_bytes:
             raise VoiceError("audio_sample is empty (0 bytes)")
-        _check_type(filename, mime_type)
         if ref_text is not None:
             if not isinstance(ref_text, str):
                 raise VoiceError("ref_text must be a string", 400, "ref_text")
             ref_text = ref_text.strip() or None
+            if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
+                raise VoiceError(f"ref_text is longer than {MAX_REF_TEXT_CHARS} characters", 400, "ref_text")
         if consent is not None and not isinstance(consent, str):
             raise VoiceError("consent must be a string", 400, "consent")
+        if consent is not None and len(consent) > MAX_CONSENT_CHARS:
+            raise VoiceError(f"consent is longer than {MAX_CONSENT_CHARS} characters", 400, "consent")
         try:
             clip = decode_reference(audio_bytes, min_seconds=self.min_seconds, max_seconds=self.max_seconds,
                                     label="audio_sample")
@@ -289,6 +278,11 @@ class VoiceStore:
                 if previous is None and len(self._voices) >= self.max_voices:
                     raise VoiceError(f"voice limit reached ({self.max_voices} uploaded voices); delete one first",
                                      409, "name")
+                stored = sum(r.file_size for r in self._voices.values()) - (previous.file_size if previous else 0)
+                if stored + len(audio_bytes) > self.quota_bytes:
+                    # 413, not 507: the client's upload exceeds what this server lets it store (SDKs retry 5xx)
+                    raise VoiceError(f"the voice store is full (quota {self.quota_bytes / 2**20:g} MiB); delete a "
+                                     "voice first", 413)
                 created = max(time.time(), self._last_created + 1e-6, math.nextafter(self._last_created, math.inf))
                 self._last_created = created
             clip_file = f"clip-{time.time_ns():x}-{uuid.uuid4().hex[:8]}{extension}"
@@ -308,7 +302,7 @@ class VoiceStore:
                 except OSError:
                     pass
                 logger.error("voices: could not store voice %r: %s", name, e)
-                raise VoiceError(f"could not store voice '{name}': {e.strerror or e}", 500, None) from None
+                raise VoiceError(f"could not store voice '{name}'; see the server log", 500, None) from None
             with self._lock:
                 self._voices[key] = record
                 if previous is not None:
@@ -316,7 +310,6 @@ class VoiceStore:
                 self._remember((key, created), samples)
             if previous is not None:
                 self._retire(previous.path)
-            self._purge_retired()
         return record
 
     def delete(self, name: str) -> bool:
@@ -334,37 +327,36 @@ class VoiceStore:
                 os.unlink(os.path.join(self.root, key, META))
             except OSError as e:
                 logger.warning("voices: could not remove %s's metadata: %s", record.name, e)
-            self._retire(record.path)   # the clip stays for the grace period: snapshots may still read it
-            self._purge_retired()
+            self._retire(record.path)
         return True
 
-    def samples(self, record: VoiceRecord) -> np.ndarray:
-        """24 kHz float32 samples of a snapshot: cached, else decoded from its file. Blocking on a cache miss.
+    def load(self, name: str) -> tuple[VoiceRecord, np.ndarray] | None:
+        """The voice called `name` (case-insensitive) and its 24 kHz float32 samples, or None. Blocking on a miss.
 
-        The array is shared with the cache and read-only. `VoiceError` 404 when the snapshot's files are gone
-        (deleted longer than the grace period ago), 500 when the stored clip no longer decodes.
+        Lookup and pin happen under one lock, so a replace or delete landing while the clip is read removes the old
+        file only after this read ends: the caller gets the version it looked up, whole. The array is shared with
+        the cache and read-only. `VoiceError` 500 when the stored clip can no longer be read.
         """
-        cache_key = (record.key, record.created_at)
+        if not isinstance(name, str) or not name.isascii():
+            return None
         with self._lock:
-            cached = self._cache.get(cache_key)
+            record = self._voices.get(name.lower())
+            if record is None:
+                return None
+            cached = self._cache.get((record.key, record.created_at))
             if cached is not None:
-                self._cache.move_to_end(cache_key)
-                return cached
+                self._cache.move_to_end((record.key, record.created_at))
+                return record, cached
+            self._pins[record.path] += 1
         try:
-            with open(record.path, "rb") as f:
-                data = f.read()
-        except OSError:
-            raise VoiceError(f"voice '{record.name}' was deleted", 404, "voice") from None
-        try:
-            samples = decode_reference(data, min_seconds=0.0, max_seconds=math.inf, label="stored voice").samples
-        except RefAudioError as e:
-            raise VoiceError(f"voice '{record.name}' could not be decoded: {e}", 500, "voice") from None
-        samples.flags.writeable = False
+            samples = self._decode_stored(record)
+        finally:
+            self._unpin(record.path)
         with self._lock:
             current = self._voices.get(record.key)
             if current is not None and current.created_at == record.created_at:  # cache current versions only
-                self._remember(cache_key, samples)
-        return samples
+                self._remember((record.key, record.created_at), samples)
+        return record, samples
 
     # --- internals -------------------------------------------------------------------------------------------
     def _remember(self, cache_key: tuple[str, float], samples: np.ndarray) -> None:
@@ -383,31 +375,54 @@ class VoiceStore:
         if evicted is not None:
             self._cached_bytes -= evicted.nbytes
 
-    def _retire(self, path: str) -> None:
-        self._retired.append((time.monotonic() + self.retire_grace_s, path))
+    @staticmethod
+    def _decode_stored(record: VoiceRecord) -> np.ndarray:
+        try:
+            with open(record.path, "rb") as f:
+                data = f.read()
+            samples = decode_reference(data, min_seconds=0.0, max_seconds=math.inf, label="stored voice").samples
+        except (OSError, RefAudioError) as e:
+            logger.error("voices: the clip of voice %r (%s) cannot be read: %s", record.name, record.path, e)
+            raise VoiceError(f"voice '{record.name}' could not be read; see the server log", 500, "voice") from None
+        samples.flags.writeable = False
+        return samples
 
-    def _purge_retired(self) -> None:
-        """Delete retired clips past their grace period (caller holds _write_lock)."""
-        now, keep = time.monotonic(), []
-        for deadline, path in self._retired:
-            if deadline > now:
-                keep.append((deadline, path))
-                continue
+    def _retire(self, path: str) -> None:
+        """Remove a replaced or deleted clip now, or when the last load reading it ends (caller holds _write_lock)."""
+        with self._lock:
+            if self._pins[path]:
+                self._doomed.add(path)
+                return
+        self._remove_clip(path)
+
+    def _unpin(self, path: str) -> None:
+        with self._lock:
+            self._pins[path] -= 1
+            if self._pins[path]:
+                return
+            del self._pins[path]
+            if path not in self._doomed:
+                return
+            self._doomed.discard(path)
+        with self._write_lock:  # after _lock is released: the lock order is _write_lock, then _lock
+            self._remove_clip(path)
+
+    def _remove_clip(self, path: str) -> None:
+        """Unlink a clip, and its folder once no live voice uses it (caller holds _write_lock)."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            logger.warning("voices: could not remove old clip %s: %s", path, e)
+        folder = os.path.dirname(path)
+        with self._lock:
+            live = os.path.basename(folder) in self._voices
+        if not live:
             try:
-                os.unlink(path)
-            except FileNotFoundError:
+                os.rmdir(folder)  # only when empty
+            except OSError:
                 pass
-            except OSError as e:
-                logger.warning("voices: could not remove old clip %s: %s", path, e)
-            folder = os.path.dirname(path)
-            with self._lock:
-                live = os.path.basename(folder) in self._voices
-            if not live:
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    pass
-        self._retired = keep
 
     def cache_info(self) -> dict:
         with self._lock:

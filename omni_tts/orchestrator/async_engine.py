@@ -60,6 +60,14 @@ class RequestFailed(RuntimeError):
     """A stage rejected or failed this request (the others keep running)."""
 
 
+class RequestTimedOut(RequestFailed):
+    """No first audio within `first_audio_timeout` (the server is overloaded) or no end within `timeout`."""
+
+    def __init__(self, message: str, before_first_audio: bool) -> None:
+        super().__init__(message)
+        self.before_first_audio = before_first_audio
+
+
 @dataclass
 class Usage:
     input_tokens: int        # text tokens of the input
@@ -247,9 +255,11 @@ class AsyncTTSEngine:
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        output_dtype: str = "float32", initial_chunk_frames: int | None = None,
-                       voice_key: str | None = None) -> AsyncIterator[GenerationChunk]:
+                       voice_key: str | None = None, first_audio_timeout: float | None = None,
+                       timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
-        RequestFailed if it cannot finish. Closing or cancelling the iterator aborts the request everywhere.
+        RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
+        call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
         initial_chunk_frames overrides the connector's first-chunk size for this request. voice_key names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
         features under it, so the same key must never stand for other audio."""
@@ -261,6 +271,7 @@ class AsyncTTSEngine:
                                                              f"got {initial_chunk_frames}")
         self._check_alive()
         loop = asyncio.get_running_loop()
+        started = loop.time()
         rid = request_id or uuid.uuid4().hex
         if rid in self.requests:
             raise RequestError("request_id", f"request id {rid!r} is already in flight")
@@ -283,10 +294,12 @@ class AsyncTTSEngine:
                 sampling=sampling,
                 max_tokens=token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
                 initial_chunk_frames=initial_chunk_frames, voice_key=voice_key if ref_audio is not None else None)))
+            first = True
             while True:
-                item = state.queue.get_nowait() if not state.queue.empty() else await state.queue.get()
+                item = await self._next_item(state, started, first_audio_timeout if first else None, timeout)
+                first = False
                 if isinstance(item, BaseException):
-                    finished = True
+                    finished = not isinstance(item, RequestTimedOut)  # a timed-out request still runs: abort it
                     raise item
                 state.buffered_samples -= item.audio.shape[0]
                 if output_dtype == "int16":
@@ -301,6 +314,26 @@ class AsyncTTSEngine:
             self.requests.pop(rid, None)
             if not finished and stages is self.stages and self.down is None and not self._closed:
                 await self.abort(rid)
+
+    @staticmethod
+    async def _next_item(state: _Request, started: float, first_audio_timeout: float | None,
+                         timeout: float | None) -> GenerationChunk | BaseException:
+        """The request's next queue item, or RequestTimedOut once the nearer of its deadlines has passed."""
+        deadlines = []
+        if first_audio_timeout is not None:
+            deadlines.append((started + first_audio_timeout, f"no audio within {first_audio_timeout:g} s", True))
+        if timeout is not None:
+            deadlines.append((started + timeout, f"the speech did not finish within {timeout:g} s", False))
+        if not deadlines:
+            return await state.queue.get()
+        deadline, message, before_first_audio = min(deadlines)
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            return await asyncio.wait_for(state.queue.get(), remaining)
+        except TimeoutError:
+            return RequestTimedOut(message, before_first_audio)
 
     async def abort(self, request_id: str) -> None:
         """Free the request in every stage (each drops it within one step)."""

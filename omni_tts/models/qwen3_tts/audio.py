@@ -19,12 +19,15 @@ import soxr
 AudioSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
 
 TARGET_SAMPLE_RATE = 24000
+_READ_FRAMES = 1 << 16   # frames decoded per block
 
 
-def load_audio(source: AudioSource) -> tuple[np.ndarray, int]:
+def load_audio(source: AudioSource, max_frames: int | None = None) -> tuple[np.ndarray, int]:
     """Decode a file path or in-memory audio file (wav, flac, ogg, … — whatever libsndfile reads).
 
-    Returns `(mono float32 samples, sample rate)`. Raises `ValueError` for audio that cannot be decoded, is empty, or
+    Returns `(mono float32 samples, sample rate)`. `max_frames` stops decoding after that many frames, whatever the
+    header claims (compressed formats may not know their length, or lie about it). Raises `ValueError` for audio
+    that cannot be decoded (the message carries libsndfile's text: log it, do not show it to clients), is empty, or
     holds non-finite samples; `FileNotFoundError` for a missing path.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -37,16 +40,27 @@ def load_audio(source: AudioSource) -> tuple[np.ndarray, int]:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"reference audio not found: {path}")
         handle, name = path, path
+    remaining = math.inf if max_frames is None else max_frames
+    blocks = []
     try:
-        # float32 read scales integer PCM exactly as the reference's soundfile/librosa read does (int16 / 32768)
-        data, sr = sf.read(handle, dtype="float32", always_2d=True)
+        with sf.SoundFile(handle) as f:
+            sr = f.samplerate
+            # block by block, mixed to mono as it comes: memory follows the audio actually decoded, never the
+            # header's frame count (unknown-length streams report 2**63 - 1 frames)
+            while remaining > 0:
+                # float32 read scales integer PCM exactly as the reference's soundfile/librosa read does (/ 32768)
+                wanted = int(min(_READ_FRAMES, remaining))
+                block = f.read(wanted, dtype="float32", always_2d=True)
+                remaining -= block.shape[0]
+                # the reference averages channels in float32 (row by row: the same values as one whole-array mean)
+                blocks.append(block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32))
+                if block.shape[0] < wanted:  # a short block is the end: no read past it
+                    break
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         raise ValueError(f"could not decode {name} as audio: {e}") from None
-    if data.shape[0] == 0:
+    wav = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32)
+    if wav.shape[0] == 0:
         raise ValueError(f"{name} holds no audio samples")
-    # soundfile gives [frames, channels]; the reference averages channels in float32
-    wav = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
-    wav = np.ascontiguousarray(wav, dtype=np.float32)
     if not np.all(np.isfinite(wav)):
         raise ValueError(f"{name} contains non-finite samples")
     return wav, int(sr)

@@ -1,0 +1,268 @@
+"""Untrusted input against the real server (issue 10, part 3): reference-audio URLs (SSRF), decompression bombs,
+malformed voice uploads, disk use of replaced voices, the store quota, the API key. Loopback only."""
+import base64
+import http.client
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from audio_util import flac_claiming
+from conftest import FIXTURES
+from omni_tts.audio.ref_audio import URL_FAILED
+from omni_tts.entrypoints.cli import main
+from omni_tts.entrypoints.voices import MAX_REF_TEXT_CHARS
+from server_util import ServerProcess, free_port
+
+MODEL = "qwen3-tts"
+CLIP = (FIXTURES / "ref_voice.wav").read_bytes()
+API_KEY = "s3cret-key"
+SPEECH = {"model": MODEL, "input": "Hi.", "x_vector_only_mode": True, "response_format": "pcm",
+          "temperature": 0, "max_new_tokens": 4}
+
+
+class CountingSite:
+    """A real HTTP server on a loopback address, in its own thread, counting the requests that reach it."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        hits = self.hits = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                path, _, query = self.path.partition("?")
+                if path == "/clip.wav":
+                    self._answer(200, CLIP, "audio/wav")
+                elif path == "/page.html":
+                    self._answer(200, b"<html><body>a page, not audio</body></html>", "text/html")
+                elif path == "/redirect":
+                    self.send_response(302)
+                    self.send_header("Location", urllib.parse.parse_qs(query)["to"][0])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                else:
+                    self._answer(404, b"not found", "text/plain")
+
+            def _answer(self, status, body, content_type):
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def site():
+    site = CountingSite()
+    yield site
+    site.close()
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="module")
+def plain_server(voices_dir):
+    """Defaults, plus a voices dir with a 1 MiB quota."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
+                           "--voices-dir", str(voices_dir), "--voices-quota-mb", "1")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    """Remote ref_audio on, 127.0.0.2 allow-listed; the API key from the environment."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
+                           "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32",
+                           env={"OMNI_TTS_API_KEY": API_KEY})
+    yield server
+    server.stop()
+
+
+def call(server, method, path, body=b"", headers=None) -> tuple[int, dict | bytes]:
+    """(status, parsed JSON or raw bytes) of one request on a fresh connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        data = response.read()
+    finally:
+        connection.close()
+    if response.getheader("Content-Type", "").startswith("application/json"):
+        return response.status, json.loads(data)
+    return response.status, data
+
+
+def speak(server, headers=None, **fields) -> tuple[int, dict | bytes]:
+    return call(server, "POST", "/v1/audio/speech", json.dumps(dict(SPEECH, **fields)).encode(),
+                {"Content-Type": "application/json", **(headers or {})})
+
+
+def assert_error(answer, status, message, param=None):
+    got_status, body = answer
+    assert got_status == status and set(body["error"]) == {"message", "type", "param", "code"}, body
+    if message is not None:
+        assert body["error"]["message"] == message, body
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    return body["error"]
+
+
+# --- reference-audio URLs ----------------------------------------------------------------------------------------
+def test_ref_audio_urls_are_off_by_default(plain_server, site):
+    before = len(site.hits)
+    assert_error(speak(plain_server, ref_audio=site.url + "/clip.wav"), 400,
+                 "ref_audio: URLs are disabled on this server; send a data: URI", "ref_audio")
+    assert len(site.hits) == before
+
+
+def test_ref_audio_urls_refuse_loopback_and_fail_alike(guarded_server, site):
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    allowed = CountingSite("127.0.0.2")
+    try:
+        before = len(site.hits)
+        # loopback, by address and by name: refused, and no request reaches it
+        for url in (site.url + "/clip.wav", site.url.replace("127.0.0.1", "localhost") + "/clip.wav",
+                    allowed.url + "/redirect?to=" + urllib.parse.quote(site.url + "/clip.wav")):
+            assert_error(speak(guarded_server, auth, ref_audio=url), 400, URL_FAILED, "ref_audio")
+        assert len(site.hits) == before
+        # the allow-listed address: 404, a page, a closed port all read the same; the clip is fetched and used
+        for url in (allowed.url + "/missing.wav", allowed.url + "/page.html",
+                    f"http://127.0.0.2:{free_port()}/clip.wav"):
+            assert_error(speak(guarded_server, auth, ref_audio=url), 400, URL_FAILED, "ref_audio")
+        status, audio = speak(guarded_server, auth, ref_audio=allowed.url + "/clip.wav")
+        assert status == 200 and isinstance(audio, bytes) and len(audio) > 0
+        assert allowed.hits[-1] == "/clip.wav"
+    finally:
+        allowed.close()
+
+
+# --- API key -----------------------------------------------------------------------------------------------------
+def test_api_key_guards_every_route_but_health(guarded_server):
+    assert call(guarded_server, "GET", "/health")[0] == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {API_KEY}"},
+                    {"Authorization": f"Bearer {API_KEY}x"}):
+        for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/v1/audio/voices"),
+                             ("POST", "/v1/audio/speech"), ("DELETE", "/v1/audio/voices/x")):
+            error = assert_error(call(guarded_server, method, path, b"{}", headers), 401, None)
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+    status, models = call(guarded_server, "GET", "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert status == 200 and models["data"][0]["id"] == MODEL
+
+
+# --- decompression bombs and library text ------------------------------------------------------------------------
+def data_uri(data: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(data).decode()
+
+
+def test_bombs_and_junk_give_plain_400s(plain_server):
+    assert_error(speak(plain_server, ref_audio=data_uri(flac_claiming(8000 * 3600 * 10, 2.0))), 400,
+                 "ref_audio is too long: it must last 1–30 s, got 36000.00 s", "ref_audio")
+    # junk that libsndfile half-recognises: our words, none of libsndfile's
+    for junk in (b"RIFF" + b"\xff" * 400, b"fLaC" + b"\0" * 400, b"OggS" + b"\1" * 400):
+        assert_error(speak(plain_server, ref_audio=data_uri(junk)), 400,
+                     "ref_audio is not a readable audio file; send wav, flac, ogg or mp3", "ref_audio")
+
+
+# --- voice uploads -----------------------------------------------------------------------------------------------
+BOUNDARY = "omni-tts-test-boundary"
+FORM = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def part(name: str, value: bytes, filename: str | None = None, content_type: str | None = None) -> bytes:
+    disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+    head = f"Content-Disposition: {disposition}\r\n" + (f"Content-Type: {content_type}\r\n" if content_type else "")
+    return f"--{BOUNDARY}\r\n{head}\r\n".encode() + value + b"\r\n"
+
+
+def form(*parts: bytes) -> bytes:
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def upload(server, *parts: bytes, headers=FORM):
+    return call(server, "POST", "/v1/audio/voices", form(*parts), headers)
+
+
+def test_malformed_uploads_are_400(plain_server):
+    clip = part("audio_sample", CLIP, "v.wav", "audio/wav")
+    cases = [
+        (b'{"name": "v"}', {"Content-Type": "application/json"}, None),
+        (b"name=v", {}, None),
+        (form(part("name", b"v"), clip), {"Content-Type": "multipart/form-data"}, None),  # no boundary
+        # a NUL and a non-ASCII byte in part headers; a body that never shows its boundary (any param will do)
+        (b"--" + BOUNDARY.encode() + b'\r\nContent-Disposition: form-data; name="na\0me"\r\n\r\nv\r\n'
+         + form(clip), FORM, ...),
+        (b"--" + BOUNDARY.encode() + b'\r\nContent-Dispo\xffsition: form-data; name="name"\r\n\r\nv\r\n'
+         + form(clip), FORM, ...),
+        (b"--wrong-boundary\r\n\r\n", FORM, ...),
+        (form(part("name", b"\xff\xfev"), clip), FORM, "name"),
+        (form(part("name", b"v"), part("ref_text", b"caf\xe9"), clip), FORM, "ref_text"),
+        (form(part("name", b"v"), part("ref_text", b"x" * (MAX_REF_TEXT_CHARS + 1)), clip), FORM, "ref_text"),
+        (form(part("name", b"../etc"), clip), FORM, "name"),
+        (form(part("name", b"v")), FORM, "audio_sample"),
+    ]
+    for body, headers, param in cases:
+        error = assert_error(call(plain_server, "POST", "/v1/audio/voices", body, headers), 400, None)
+        assert param is ... or error["param"] == param, (body[:80], error)
+    assert call(plain_server, "GET", "/v1/audio/voices")[1]["uploaded_voices"] == []
+
+
+def test_uploads_are_sniffed_and_accept_the_file_alias(plain_server):
+    # a wav named like a program, under the openai SDK's field name `file`: stored as what its bytes are
+    status, answer = upload(plain_server, part("name", b"sniffed"),
+                            part("file", CLIP, "setup.exe", "application/x-msdownload"))
+    assert status == 200 and answer["voice"]["mime_type"] == "audio/wav", answer
+    # text in a .wav: refused by content
+    assert_error(upload(plain_server, part("name", b"fake"), part("audio_sample", b"hello " * 500, "x.wav",
+                                                                   "audio/wav")),
+                 400, "audio_sample is not a readable audio file; send wav, flac, ogg or mp3", "audio_sample")
+    assert call(plain_server, "DELETE", "/v1/audio/voices/sniffed")[0] == 200
+
+
+def test_overwritten_and_deleted_voices_leave_the_disk(plain_server, voices_dir):
+    for i in range(40):
+        status, answer = upload(plain_server, part("name", b"loop"), part("ref_text", f"take {i}".encode()),
+                                part("audio_sample", CLIP, "loop.wav", "audio/wav"))
+        assert status == 200, answer
+    names = sorted(p.name for p in (voices_dir / "loop").iterdir())
+    assert len(names) == 2 and names[0].startswith("clip-") and names[1] == "meta.json"  # the newest clip only
+    assert call(plain_server, "DELETE", "/v1/audio/voices/loop")[0] == 200
+    assert not (voices_dir / "loop").exists()
+
+
+def test_store_quota_is_413(plain_server):
+    names = []
+    for i in range(2 ** 20 // len(CLIP)):  # what fits in the 1 MiB quota
+        names.append(f"q{i}")
+        assert upload(plain_server, part("name", names[-1].encode()), part("audio_sample", CLIP))[0] == 200
+    error = assert_error(upload(plain_server, part("name", b"one-more"), part("audio_sample", CLIP)), 413, None)
+    assert "voice store is full" in error["message"]
+    assert upload(plain_server, part("name", b"q0"), part("audio_sample", CLIP))[0] == 200  # replacing fits
+    for name in names:
+        assert call(plain_server, "DELETE", f"/v1/audio/voices/{name}")[0] == 200
+    assert upload(plain_server, part("name", b"one-more"), part("audio_sample", CLIP))[0] == 200
+    assert call(plain_server, "DELETE", "/v1/audio/voices/one-more")[0] == 200
+
+
+def test_serve_flags_are_checked_before_anything_starts(capsys):
+    assert main(["serve", "--ref-audio-allowed-hosts", "127.0.0.1"]) == 2
+    assert "--ref-audio-allowed-hosts needs --allow-remote-ref-audio" in capsys.readouterr().err
+    assert main(["serve", "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "10.0.0.0/8,http://x"]) == 2
+    assert "'http://x' is neither an IP address" in capsys.readouterr().err
+    assert main(["serve", "--voices-quota-mb", "0"]) == 2
