@@ -4,6 +4,7 @@ import base64
 import http.client
 import json
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -28,12 +29,16 @@ class CountingSite:
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         hits = self.hits = []
+        release = self.release = threading.Event()  # what /hang.wav waits for before it answers 404
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 hits.append(self.path)
                 path, _, query = self.path.partition("?")
-                if path == "/clip.wav":
+                if path == "/hang.wav":
+                    release.wait(60)
+                    self._answer(404, b"not found", "text/plain")
+                elif path == "/clip.wav":
                     self._answer(200, CLIP, "audio/wav")
                 elif path == "/page.html":
                     self._answer(200, b"<html><body>a page, not audio</body></html>", "text/html")
@@ -60,6 +65,7 @@ class CountingSite:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -91,6 +97,15 @@ def guarded_server():
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
                            "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32",
                            env={"OMNI_TTS_API_KEY": API_KEY})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def one_slot_server():
+    """Room for one request; remote ref_audio on, 127.0.0.2 allow-listed."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--max-queue", "1",
+                           "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32")
     yield server
     server.stop()
 
@@ -151,6 +166,30 @@ def test_ref_audio_urls_refuse_loopback_and_fail_alike(guarded_server, site):
         assert allowed.hits[-1] == "/clip.wav"
     finally:
         allowed.close()
+
+
+def test_admission_comes_before_the_reference_fetch(one_slot_server):
+    """A fetch holds its request's slot: while one request waits on a hanging URL, the next is refused (429)
+    without a fetch of its own; once the slot is free again a request is served."""
+    remote = CountingSite("127.0.0.2")
+    try:
+        answers = []
+        holder = threading.Thread(target=lambda: answers.append(
+            speak(one_slot_server, ref_audio=remote.url + "/hang.wav")))
+        holder.start()
+        deadline = time.monotonic() + 30
+        while "/hang.wav" not in remote.hits and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert remote.hits == ["/hang.wav"]
+        assert_error(speak(one_slot_server, ref_audio=remote.url + "/clip.wav"), 429, None)
+        assert remote.hits == ["/hang.wav"]  # the refused request fetched nothing
+        remote.release.set()
+        holder.join(60)
+        assert_error(answers[0], 400, URL_FAILED, "ref_audio")
+        status, audio = speak(one_slot_server, ref_audio=remote.url + "/clip.wav")
+        assert status == 200 and len(audio) > 0 and remote.hits == ["/hang.wav", "/clip.wav"]
+    finally:
+        remote.close()
 
 
 # --- API key -----------------------------------------------------------------------------------------------------

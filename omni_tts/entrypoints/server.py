@@ -140,13 +140,13 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
     speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
-    synthesis, voice_key = await build_synthesis_request(state, speech)
     if speech.streaming and speech.response_format not in streamable_formats():
         raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
                             f"{', '.join(streamable_formats())} or a non-streaming request", "response_format")
     if speech.streaming and speech.speed != 1.0:
         raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
                             "utterance); send a non-streaming request to change the speed", "speed")
+    # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     if state.admitted >= state.config.max_queue:
         raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
     if not state.engine.is_healthy:
@@ -155,11 +155,13 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state.metrics.in_flight.inc()
     state.metrics.queue_depth.inc()
     waiting = True
-    stream = state.engine.generate(synthesis, output_dtype="float32",
-                                   initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
-                                   first_audio_timeout=state.config.first_audio_timeout,
-                                   timeout=state.config.request_timeout)
+    stream = None
     try:
+        synthesis, voice_key = await build_synthesis_request(state, speech)
+        stream = state.engine.generate(synthesis, output_dtype="float32",
+                                       initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
+                                       first_audio_timeout=state.config.first_audio_timeout,
+                                       timeout=state.config.request_timeout)
         try:
             first = await anext(stream)
         except RequestError as e:
@@ -188,7 +190,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             response = await respond_audio_stream(request, state, speech, first, stream)
         return response
     finally:
-        await stream.aclose()  # aborts the request in every stage if it did not finish
+        if stream is not None:
+            await stream.aclose()  # aborts the request in every stage if it did not finish
         state.admitted -= 1
         state.metrics.in_flight.dec()
         if waiting:
