@@ -16,6 +16,8 @@ from tokenizers import Tokenizer
 from .config import Qwen3TTSConfig
 from .sampling import SamplingParams
 from .talker import Talker
+from .text_tokenizer import (EMPTY_INPUT, TEMPLATE_HEAD, TEMPLATE_HEAD_TOKENS, TEMPLATE_TAIL, TEMPLATE_TAIL_TOKENS,
+                             strip_leading_newlines)
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +108,11 @@ class PromptBuilder:
                 expected = next(k for k, v in TASK_TYPES.items() if v == model_type)
                 raise RequestError("task_type", f"task_type {request.task_type!r} does not match the loaded "
                                                 f"{expected} checkpoint")
-        text = (request.text or "").lstrip("\r\n")  # a leading newline would merge with the role newline
+        text = strip_leading_newlines(request.text or "")
         if not text.strip():
-            raise RequestError("input", "input text is empty")
-        ids = self._encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        role_ids, text_ids = ids[:3], ids[3:-5]
+            raise RequestError("input", EMPTY_INPUT)
+        ids = self._encode(TEMPLATE_HEAD + text + TEMPLATE_TAIL)
+        role_ids, text_ids = ids[:TEMPLATE_HEAD_TOKENS], ids[TEMPLATE_HEAD_TOKENS:-TEMPLATE_TAIL_TOKENS]
 
         speaker = (request.voice or "").strip().lower() or None
         instructions = request.instructions or None

@@ -20,6 +20,16 @@ QWEN2_PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 _ASSETS = {"vocab.json": "qwen2_vocab.json.gz", "merges.txt": "qwen2_merges.txt.gz"}
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+# the target text's template (model doc §6): of its ids, the first TEMPLATE_HEAD_TOKENS are the role and the last
+# TEMPLATE_TAIL_TOKENS are never used; the text tokens lie between
+TEMPLATE_HEAD, TEMPLATE_TAIL = "<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>assistant\n"
+TEMPLATE_HEAD_TOKENS, TEMPLATE_TAIL_TOKENS = 3, 5
+EMPTY_INPUT = "input text is empty"
+
+
+def strip_leading_newlines(text: str) -> str:
+    """A leading newline of the target text would merge with the role's newline and shift the slices."""
+    return text.lstrip("\r\n")
 
 
 def load_text_tokenizer(model_dir: str) -> Tokenizer:
