@@ -4,7 +4,8 @@ Each running request owns one row of preallocated buffers: its KV-cache row, las
 trailing-text rows (+ the tts_pad row after them), sampling state, and its slice of the step's output. A decode
 step reads and writes only those buffers, so with a fixed number of rows and attention slots it has fixed
 shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in free rows), which
-is what a CUDA graph needs. On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
+is what a CUDA graph needs. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1):
+parked rows (text not arrived) live at the top, where no bucket's padding reaches (talker_scheduler.py). On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
 all 15 code-predictor steps and sampling — and replayed; on CPU the same static path runs eagerly (tested to give
 the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync.
 """
@@ -46,6 +47,14 @@ def _bucket(buckets: list[int], n: int) -> int:
     return next(b for b in buckets if b >= n)
 
 
+def _num_buffer_rows(max_rows: int, static_shapes: bool) -> int:
+    """Rows of the device buffers: max_rows, plus what a bucket pads a batch with beyond its rows (so padding
+    never reaches a parked row), at least one (a parked row moves back to row B even when all rows are in use)."""
+    buckets = batch_buckets(max_rows)
+    padding = max(_bucket(buckets, b) - b for b in range(1, max_rows + 1)) if static_shapes else 0
+    return max_rows + max(padding, 1)
+
+
 class TalkerRunner:
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_rows: int, max_model_len: int,
                  max_trailing: int, static_shapes: bool = False, cuda_graphs: bool = False) -> None:
@@ -56,7 +65,8 @@ class TalkerRunner:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.static_shapes = static_shapes or self.cuda_graphs
         self.batch_buckets, self.slot_buckets = batch_buckets(max_rows), slot_buckets(max_model_len)
-        rows, hidden, dev, dt = max_rows, tc.hidden_size, self.device, self.dtype
+        self.num_buffer_rows = _num_buffer_rows(max_rows, self.static_shapes)
+        rows, hidden, dev, dt = self.num_buffer_rows, tc.hidden_size, self.device, self.dtype
         self.cache = KVCache(tc, rows, max_model_len, dev, dt)
         self.cp_cache = KVCache(tc.code_predictor, rows, tc.num_code_groups, dev, dt)
         self.hidden = torch.zeros(rows, hidden, device=dev, dtype=dt)
@@ -90,15 +100,20 @@ class TalkerRunner:
         hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid)
         self.hidden[rows] = hidden
         for i, request in enumerate(requests):
-            row = first_row + i
-            self.sampler.set_row(row, request.sampling)
-            trailing = request.trailing.shape[0]
-            self.trailing[row, :trailing] = request.trailing
-            self.trailing[row, trailing] = self.tts_pad
-            self.trailing_len[row] = trailing
+            self.sampler.set_row(first_row + i, request.sampling)
+            self.append_trailing(first_row + i, 0, request.trailing)
         self.c0[rows] = self.sampler.sample_talker(logits, rows)
         self.steps[rows] = 0
         self.lengths[rows] = lengths
+
+    @torch.inference_mode()
+    def append_trailing(self, row: int, start: int, rows: torch.Tensor) -> None:
+        """rows: [k, H] trailing text rows from index `start` of the row's trailing text; tts_pad after them
+        (what a step past the text reads)."""
+        end = start + rows.shape[0]
+        self.trailing[row, start:end] = rows
+        self.trailing[row, end] = self.tts_pad
+        self.trailing_len[row] = end
 
     # --- decode ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -163,7 +178,8 @@ class TalkerRunner:
     # --- rows -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def move_rows(self, moves: list[RowMove]) -> None:
-        """Compaction after requests leave: row src's state (and its first `length` cache slots) to row dst."""
+        """Compaction after requests leave, parking and unparking: row src's state (and its first `length` cache
+        slots) to row dst."""
         for move in moves:
             self.cache.copy_row(move.src, move.dst, move.length)
             for buffer in (self.hidden, self.c0, self.trailing, self.trailing_len, self.steps, self.lengths):

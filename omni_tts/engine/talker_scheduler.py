@@ -4,6 +4,13 @@ Rows are slots of the runner's device buffers: rows 0..B-1 are the running reque
 waiting requests into the next free rows (their prompts prefilled together, within a token budget so running
 requests never stall for long), decodes every running row, then reads the step's tokens: a row ends at EOS or
 at its token limit and is freed by moving the last running row into its hole (the runner copies the buffers).
+
+A request whose text is still arriving (`text_done` False) reads one trailing text row per step. When its next
+step needs a row that has not arrived, it is parked: moved to the top of the buffers (rows num_buffer_rows-1,
+-2, …), out of the decoded range, until text arrives. Rows in use (running + parked) never exceed max_rows and
+the buffers hold num_buffer_rows > max_rows, so a row moving back always finds row B free, and the rows a
+static-shape step pads the batch with (B..bucket-1, at most num_buffer_rows - max_rows of them) never reach a
+parked row.
 """
 from __future__ import annotations
 
@@ -19,14 +26,22 @@ if TYPE_CHECKING:
     from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 
+def max_trailing_rows(max_text_tokens: int) -> int:
+    """Trailing text rows a request may have: its text tokens but the first, + tts_eos (§7.2; ICL needs fewer)."""
+    return max_text_tokens + 1
+
+
 @dataclass
 class TalkerRequest:
     """One request's whole talker-side state: its inputs (read by the runner once, at prefill) and its counters."""
     request_id: str
     prefill: "torch.Tensor"    # [L, H] on the engine's device
-    trailing: "torch.Tensor"   # [T, H]
+    trailing: "torch.Tensor"   # [T, H]: the trailing text rows known so far (the runner reads them at prefill)
     sampling: "ResolvedSampling"
-    max_tokens: int            # sampled-token limit (N tokens give at most N - 1 frames)
+    max_tokens: int            # sampled-token limit (N tokens give at most N - 1 frames); while the text is open,
+                               # the limit for the text so far, where the row waits rather than ends
+    text_done: bool = True     # False: more trailing rows come by append_text, the last with done
+    num_trailing: int = 0      # trailing rows given so far
     length: int = 0            # cache slots in use
     num_tokens: int = 0        # c0 tokens sampled so far
     num_frames: int = 0
@@ -46,9 +61,12 @@ class FrameOutput:
 
 @dataclass
 class TalkerSchedule:
-    """One step's work: prefill `admitted` into rows first_row.., then decode rows 0..num_rows-1."""
+    """One step's work, in order: move the rows that rejoin the batch (`unparked`), prefill `admitted` into rows
+    first_row.., move the rows that cannot step out of the batch (`parked`), then decode rows 0..num_rows-1."""
+    unparked: list["RowMove"]
     admitted: list[TalkerRequest]
     first_row: int
+    parked: list["RowMove"]
     num_rows: int
     num_slots: int             # attention slots the decode needs: the longest row's length + 1
 
@@ -65,55 +83,113 @@ class RowMove:
 class TalkerSchedulerStats:
     num_running: int
     num_waiting: int
+    num_parked: int
     free_rows: int
     request_ids: list[str] = field(default_factory=list)
 
 
 class TalkerScheduler:
-    def __init__(self, max_rows: int, max_model_len: int, max_prefill_tokens: int, max_text_tokens: int,
-                 eos_token_id: int) -> None:
-        self.max_rows, self.max_model_len = max_rows, max_model_len
+    def __init__(self, max_rows: int, num_buffer_rows: int, max_model_len: int, max_prefill_tokens: int,
+                 max_text_tokens: int, eos_token_id: int) -> None:
+        assert num_buffer_rows > max_rows
+        self.max_rows, self.num_buffer_rows, self.max_model_len = max_rows, num_buffer_rows, max_model_len
         self.max_prefill_tokens = max_prefill_tokens
-        self.max_trailing = max_text_tokens + 1  # + the tts_eos row of the streaming layout
+        self.max_trailing = max_trailing_rows(max_text_tokens)
         self.eos = eos_token_id
         self.waiting: deque[TalkerRequest] = deque()
         self.running: list[TalkerRequest] = []
+        self.parked: list[TalkerRequest] = []   # parked[i] is in row num_buffer_rows - 1 - i
 
     def add(self, request: TalkerRequest) -> None:
         """Queue a request; it is admitted when a row is free. ValueError if it can never fit."""
         length = request.prompt_len
         if length >= self.max_model_len:
             raise ValueError(f"prompt of {length} positions does not fit max_model_len {self.max_model_len}")
-        if request.trailing.shape[0] > self.max_trailing:
-            raise ValueError(f"text of {request.trailing.shape[0] - 1} tokens exceeds max_text_tokens "
-                             f"{self.max_trailing - 1}")
-        # N tokens occupy L + N - 1 slots (the last token is never fed)
-        request.max_tokens = min(request.max_tokens, self.max_model_len - length + 1)
+        request.num_trailing = 0
+        self._add_trailing(request, request.trailing.shape[0], request.max_tokens, request.text_done)
         self.waiting.append(request)
 
-    def abort(self, request_id: str) -> list[RowMove] | None:
-        """Drop a waiting or running request: None if unknown, else the row moves that close its hole."""
+    def append_text(self, request_id: str, num_rows: int, max_tokens: int,
+                    done: bool) -> tuple[TalkerRequest, int | None, int] | None:
+        """More trailing rows for a request whose text is open: None if the request is unknown (it ended), else
+        the request, its row (None while it waits for admission) and where the new rows start in its trailing
+        text. ValueError beyond max_text_tokens."""
+        request, row = self._find(request_id)
+        if request is None:
+            return None
+        if request.text_done:
+            raise ValueError(f"request {request_id}: text after its end")
+        start = request.num_trailing
+        self._add_trailing(request, num_rows, max_tokens, done)
+        return request, row, start
+
+    def _add_trailing(self, request: TalkerRequest, num_rows: int, max_tokens: int, done: bool) -> None:
+        if request.num_trailing + num_rows > self.max_trailing:
+            raise ValueError(f"text of {request.num_trailing + num_rows - 1} tokens exceeds max_text_tokens "
+                             f"{self.max_trailing - 1}")
+        request.num_trailing += num_rows
+        # N tokens occupy L + N - 1 slots (the last token is never fed)
+        request.max_tokens = min(max_tokens, self._token_room(request))
+        request.text_done = done
+
+    def _token_room(self, request: TalkerRequest) -> int:
+        return self.max_model_len - request.prompt_len + 1
+
+    def _find(self, request_id: str) -> tuple[TalkerRequest | None, int | None]:
         for request in self.waiting:
             if request.request_id == request_id:
-                self.waiting.remove(request)
-                return []
+                return request, None
         for row, request in enumerate(self.running):
             if request.request_id == request_id:
-                return self._release([row])
-        return None
+                return request, row
+        for i, request in enumerate(self.parked):
+            if request.request_id == request_id:
+                return request, self.num_buffer_rows - 1 - i
+        return None, None
+
+    def abort(self, request_id: str) -> list[RowMove] | None:
+        """Drop a waiting, running or parked request: None if unknown, else the row moves that close its hole."""
+        request, row = self._find(request_id)
+        if request is None:
+            return None
+        if row is None:
+            self.waiting.remove(request)
+            return []
+        if row < len(self.running):
+            return self._release([row])
+        return self._remove_parked(self.parked.index(request))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Something to run: rows running or about to rejoin, or a request and a free row for it."""
+        return (bool(self.running) or any(self._can_step(r) for r in self.parked)
+                or (bool(self.waiting) and self._num_rows_in_use() < self.max_rows))
 
     def stats(self) -> TalkerSchedulerStats:
         return TalkerSchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
-                                    free_rows=self.max_rows - len(self.running),
-                                    request_ids=[r.request_id for r in self.running + list(self.waiting)])
+                                    num_parked=len(self.parked), free_rows=self.max_rows - self._num_rows_in_use(),
+                                    request_ids=[r.request_id for r in self.running + self.parked + list(self.waiting)])
+
+    def _num_rows_in_use(self) -> int:
+        return len(self.running) + len(self.parked)
+
+    def _can_step(self, request: TalkerRequest) -> bool:
+        """Whether the row's next step has its inputs: with open text, the trailing row it reads (else it would
+        read tts_pad, which ends the speech) and room within the limit for the text so far."""
+        return request.text_done or (request.num_frames < request.num_trailing
+                                     and request.num_tokens < request.max_tokens)
+
+    def _length_reached(self, request: TalkerRequest) -> bool:
+        """Ends by length: at its token limit once the text is whole (before, the limit only makes it wait), or at
+        the end of its cache."""
+        return request.num_tokens >= (request.max_tokens if request.text_done else self._token_room(request))
 
     # --- one step: schedule → (the runner runs it) → postprocess ---------------------------------------------
     def schedule(self) -> TalkerSchedule:
+        unparked = []
+        for request in [r for r in self.parked if self._can_step(r)]:
+            unparked += self._unpark(self.parked.index(request))
         first_row, admitted, budget = len(self.running), [], self.max_prefill_tokens
-        while self.waiting and len(self.running) < self.max_rows:
+        while self.waiting and self._num_rows_in_use() < self.max_rows:
             length = self.waiting[0].prompt_len
             if budget < self.max_prefill_tokens and length > budget:
                 break  # the rest waits for the next step: running requests keep their pace
@@ -122,23 +198,27 @@ class TalkerScheduler:
             request.length, request.num_tokens = length, 1  # the prefill samples the first c0
             admitted.append(request)
             self.running.append(request)
+        parked = []
+        for row in reversed(range(len(self.running))):  # descending: no hole is filled from a row parked after it
+            if not self._can_step(self.running[row]):
+                parked += self._park(row)
         num_slots = max((r.length for r in self.running), default=0) + 1
-        return TalkerSchedule(admitted, first_row, len(self.running), num_slots)
+        return TalkerSchedule(unparked, admitted, first_row, parked, len(self.running), num_slots)
 
     def postprocess(self, schedule: TalkerSchedule, tokens: np.ndarray) -> tuple[list[FrameOutput], list[RowMove]]:
         """tokens: [num_rows, 17] host copy of the step (16 frame codes + the next c0). Returns the step's frames
         and the row moves that free the finished rows."""
         outputs, finished = [], []
         for row, request in enumerate(self.running[:schedule.num_rows]):
-            if request.num_tokens >= request.max_tokens:  # a one-token budget: its prefill was its only token
-                outputs.append(FrameOutput(request.request_id, None, True, "length"))
+            if self._length_reached(request):  # the limit came before this step: a one-token budget (the prefill's
+                outputs.append(FrameOutput(request.request_id, None, True, "length"))  # token), or text ended late
                 finished.append(row)
                 continue
             request.length += 1
             request.num_tokens += 1
             request.num_frames += 1
             stop = int(tokens[row, 16]) == self.eos
-            done = stop or request.num_tokens >= request.max_tokens
+            done = stop or self._length_reached(request)
             outputs.append(FrameOutput(request.request_id, tokens[row, :16], done,
                                        ("stop" if stop else "length") if done else None))
             if done:
@@ -156,4 +236,29 @@ class TalkerScheduler:
                 moves.append(RowMove(last, row, moved.length))
                 self.running[row] = moved
             self.running.pop()
+        return moves
+
+    def _park(self, row: int) -> list[RowMove]:
+        """Move a running row to the top of the parked rows, and the last running row into its hole."""
+        request = self.running[row]
+        moves = [RowMove(row, self.num_buffer_rows - 1 - len(self.parked), request.length)]
+        self.parked.append(request)
+        return moves + self._release([row])
+
+    def _unpark(self, index: int) -> list[RowMove]:
+        """Move parked[index] back to row B (free: rows in use < num_buffer_rows), and the lowest parked row into
+        its hole."""
+        request = self.parked[index]
+        moves = [RowMove(self.num_buffer_rows - 1 - index, len(self.running), request.length)]
+        self.running.append(request)
+        return moves + self._remove_parked(index)
+
+    def _remove_parked(self, index: int) -> list[RowMove]:
+        last = len(self.parked) - 1
+        moves = []
+        if index != last:
+            moved = self.parked[last]
+            moves.append(RowMove(self.num_buffer_rows - 1 - last, self.num_buffer_rows - 1 - index, moved.length))
+            self.parked[index] = moved
+        self.parked.pop()
         return moves

@@ -77,6 +77,14 @@ class TalkerPrompt:
     def is_icl(self) -> bool:
         return self.ref_codes is not None
 
+    @property
+    def prefill_text_tokens(self) -> int:
+        """Text tokens the streaming layout's prefill holds (§7.2): the first, or for ICL as many as the reference
+        has codec frames + 1, less the ref_text tokens. A request whose text is still arriving starts with them."""
+        if self.is_icl:
+            return max(0, 1 + self.ref_codes.shape[0] - len(self.ref_text_ids))
+        return 1
+
 
 class PromptBuilder:
     def __init__(self, config: Qwen3TTSConfig, tokenizer: Tokenizer, limits: PromptLimits | None = None) -> None:
@@ -179,8 +187,11 @@ class PromptBuilder:
 
 
 @torch.no_grad()
-def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill rows [L, H] and trailing text rows [T, H] (fed one per decode step, then tts_pad), §7."""
+def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt,
+                 text_done: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill rows [L, H] and trailing text rows [T, H] (fed one per decode step, then tts_pad), §7.
+    text_done False: the text goes on (streaming layout, at least `prefill_text_tokens` of it): the trailing rows
+    stop at the text so far, without tts_eos; the rest follows as `embed_text` rows."""
     tc = config.talker
     device = talker.codec_head.weight.device
 
@@ -188,7 +199,7 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt) -
         return torch.tensor(values, dtype=torch.long, device=device)
 
     def text(values: list[int]) -> torch.Tensor:
-        return talker.embed_text(ids(values))
+        return text_rows(talker, values)
 
     def codec(values: list[int]) -> torch.Tensor:
         return talker.embed_codec(ids(values))
@@ -205,13 +216,16 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt) -
     head = [text(prompt.instruct_ids)] if prompt.instruct_ids else []
     head += [text(prompt.role_ids), codec_prefix + tts_pad, (codec([tc.codec_pad_id]) + tts_bos)]
 
+    if not text_done and (prompt.non_streaming or len(prompt.text_ids) < prompt.prefill_text_tokens):
+        raise ValueError("a prompt whose text goes on needs the streaming layout and its prefill's text tokens")
+    end = [tts_eos[None]] if text_done else []
     if prompt.is_icl:
-        tt = torch.cat([text(prompt.ref_text_ids + prompt.text_ids), tts_eos[None]])
+        tt = torch.cat([text(prompt.ref_text_ids + prompt.text_ids)] + end)
         cc = torch.cat([codec([tc.codec_bos_id]), talker.embed_frame(prompt.ref_codes.to(device))])
         if prompt.non_streaming:
             body = [tt + codec([tc.codec_pad_id]), cc + tts_pad]
             trailing = tts_pad[None]
-        elif len(tt) > len(cc):
+        elif len(tt) > len(cc) or not text_done:  # open text: more rows trail
             body, trailing = [tt[:len(cc)] + cc], tt[len(cc):]
         else:
             padded = torch.cat([tt, tts_pad.expand(len(cc) - len(tt), -1)])
@@ -223,5 +237,20 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt) -
     else:
         first = text(prompt.text_ids[:1]) + codec([tc.codec_bos_id])
         body = [first]
-        trailing = torch.cat([text(prompt.text_ids[1:]), tts_eos[None]])
+        trailing = torch.cat([text(prompt.text_ids[1:])] + end)
     return torch.cat(head + body), trailing
+
+
+@torch.no_grad()
+def embed_text(talker: Talker, config: Qwen3TTSConfig, text_ids: list[int], text_done: bool) -> torch.Tensor:
+    """The trailing rows [k, H] for more text of a request whose text goes on (+ tts_eos at its end)."""
+    return text_rows(talker, text_ids + ([config.tts_eos_token_id] if text_done else []))
+
+
+def text_rows(talker: Talker, ids: list[int]) -> torch.Tensor:
+    """T(id) [n, H], each row computed alone: a matmul's rows depend on how many it computes at once (the kernel
+    differs), and a text that arrives in pieces must embed bit for bit as the whole text does."""
+    device = talker.codec_head.weight.device
+    rows = [talker.embed_text(torch.tensor([i], dtype=torch.long, device=device)) for i in ids]
+    return torch.cat(rows) if rows else torch.zeros(0, talker.codec_head.weight.shape[1], device=device,
+                                                    dtype=talker.codec_head.weight.dtype)
