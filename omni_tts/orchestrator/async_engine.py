@@ -41,13 +41,14 @@ from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
-from omni_tts.models.qwen3_tts.prompt import PromptBuilder, PromptLimits, RequestError, SynthesisRequest
-from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
+from omni_tts.models.qwen3_tts.prompt import (PromptBuilder, PromptLimits, RequestError, SynthesisRequest,
+                                              TalkerPrompt)
+from omni_tts.models.qwen3_tts.sampling import ResolvedSampling, SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
 from omni_tts.stages import code2wav_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register, Shutdown,
-                                      StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
+                                      StageCommand, StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,13 @@ class GenerationChunk:
 class _Request:
     queue: asyncio.Queue
     input_tokens: int
+    stages: dict[str, "_Stage"]  # the pipeline it runs in (a restart replaces the dict)
     num_samples: int = 0
     buffered_samples: int = 0    # queued, not yet taken by the consumer
     talker_done: TalkerDone | None = None
     audio_done: bool = False
+    deadlines: dict[str, asyncio.TimerHandle] = field(default_factory=dict)   # by name; each fails the request
+    released: bool = False
 
 
 @dataclass
@@ -263,6 +267,53 @@ class AsyncTTSEngine:
         initial_chunk_frames overrides the connector's first-chunk size for this request. voice_key names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
         features under it, so the same key must never stand for other audio."""
+        started = asyncio.get_running_loop().time()
+        rid, prompt, sampling, ref_audio = await self._prepare(request, request_id, output_dtype,
+                                                               initial_chunk_frames, text_open=False)
+        state = self._register(rid, len(prompt.text_ids))
+        chunks = self._audio(rid, state, output_dtype)
+        try:
+            await self._send_request(rid, state, self._add_request(
+                rid, prompt, sampling, ref_audio, token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
+                initial_chunk_frames, voice_key, text_open=False))
+            if first_audio_timeout is not None:
+                self._set_deadline(rid, state, "first_audio", started + first_audio_timeout,
+                                   f"no audio within {first_audio_timeout:g} s")
+            if timeout is not None:
+                self._set_deadline(rid, state, "end", started + timeout,
+                                   f"the speech did not finish within {timeout:g} s")
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
+            await self._release(rid, state)
+
+    async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
+                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
+                               voice_key: str | None = None, first_audio_timeout: float | None = None,
+                               timeout: float | None = None, idle_timeout: float = 30.0) -> "TextStream":
+        """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
+        `finish` it, and iterate the stream for the audio, as from `generate`, which it equals for the whole text
+        in the streaming layout (non_streaming_mode None or False). The arguments are `generate`'s;
+        first_audio_timeout counts from `finish`, and the request fails with RequestTimedOut when no text arrives
+        for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
+        from .text_stream import TextStream
+
+        started = asyncio.get_running_loop().time()
+        rid, prompt, sampling, ref_audio = await self._prepare(request, request_id, output_dtype,
+                                                               initial_chunk_frames, text_open=True)
+        state = self._register(rid, 0)
+        if timeout is not None:
+            self._set_deadline(rid, state, "end", started + timeout,
+                               f"the speech did not finish within {timeout:g} s")
+        stream = TextStream(self, rid, state, prompt, sampling, ref_audio, output_dtype, initial_chunk_frames,
+                            voice_key, first_audio_timeout, idle_timeout)
+        stream.wait_for_text()
+        return stream
+
+    async def _prepare(self, request: SynthesisRequest, request_id: str | None, output_dtype: str,
+                       initial_chunk_frames: int | None, text_open: bool):
+        """Validate and tokenize a request, resolve its sampling and read its reference audio (Base)."""
         if output_dtype not in ("float32", "int16"):
             raise ValueError(f"output_dtype must be float32 or int16, got {output_dtype!r}")
         limit = self.pipeline.connector.ring_slot_frames
@@ -271,35 +322,56 @@ class AsyncTTSEngine:
                                                              f"got {initial_chunk_frames}")
         self._check_alive()
         loop = asyncio.get_running_loop()
-        started = loop.time()
         rid = request_id or uuid.uuid4().hex
         if rid in self.requests:
             raise RequestError("request_id", f"request id {rid!r} is already in flight")
-        prompt = await loop.run_in_executor(self.tokenizer_pool, self.prompts.tokenize, request)
+        prompt = await loop.run_in_executor(self.tokenizer_pool, self.prompts.tokenize, request, text_open)
         sampling = self._resolve_sampling(request.sampling)
         ref_audio = None
         if self.config.tts_model_type == "base":
             wav = await loop.run_in_executor(self.audio_pool, reference_audio_24k, request.ref_audio)
             ref_audio = wav.astype(np.float32).tobytes()
         self._check_alive()
-        state = self.requests[rid] = _Request(asyncio.Queue(), len(prompt.text_ids))
-        stages = self.stages  # this pipeline's: a restart replaces the dict
+        if rid in self.requests:
+            raise RequestError("request_id", f"request id {rid!r} is already in flight")
+        return rid, prompt, sampling, ref_audio
+
+    def _register(self, rid: str, input_tokens: int) -> _Request:
+        state = self.requests[rid] = _Request(asyncio.Queue(), input_tokens, self.stages)
+        return state
+
+    @staticmethod
+    def _add_request(rid: str, prompt: TalkerPrompt, sampling: ResolvedSampling, ref_audio: bytes | None,
+                     max_tokens: int, initial_chunk_frames: int | None, voice_key: str | None,
+                     text_open: bool) -> AddRequest:
+        return AddRequest(
+            request_id=rid, role_ids=prompt.role_ids, text_ids=prompt.text_ids, instruct_ids=prompt.instruct_ids,
+            language_id=prompt.language_id, speaker_id=prompt.speaker_id, non_streaming=prompt.non_streaming,
+            ref_text_ids=prompt.ref_text_ids, ref_audio=ref_audio, sampling=sampling, max_tokens=max_tokens,
+            initial_chunk_frames=initial_chunk_frames, voice_key=voice_key if ref_audio is not None else None,
+            text_open=text_open)
+
+    async def _send_request(self, rid: str, state: _Request, add: AddRequest) -> None:
+        """Register the request in stage 1, then add it to stage 0."""
+        await self._send(state, "code2wav", Register(rid))
+        await self._send(state, "talker", add)
+        if self.requests.get(rid) is not state:  # failed while being sent: its Abort may have gone first
+            await self.abort(rid)
+
+    async def _send(self, state: _Request, stage: str, message: StageCommand) -> None:
+        try:
+            await state.stages[stage].command.send(self._encoder.encode(message))
+        except zmq.ZMQError:  # the pipeline was torn down meanwhile
+            raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting") from None
+
+    async def _audio(self, rid: str, state: _Request, output_dtype: str) -> AsyncIterator[GenerationChunk]:
+        """The request's chunks until its usage; the failure that ends it is raised (it left the stages)."""
         finished = False
         try:
-            await stages["code2wav"].command.send(self._encoder.encode(Register(rid)))
-            await stages["talker"].command.send(self._encoder.encode(AddRequest(
-                request_id=rid, role_ids=prompt.role_ids, text_ids=prompt.text_ids, instruct_ids=prompt.instruct_ids,
-                language_id=prompt.language_id, speaker_id=prompt.speaker_id, non_streaming=prompt.non_streaming,
-                ref_text_ids=prompt.ref_text_ids, ref_audio=ref_audio,
-                sampling=sampling,
-                max_tokens=token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
-                initial_chunk_frames=initial_chunk_frames, voice_key=voice_key if ref_audio is not None else None)))
-            first = True
             while True:
-                item = await self._next_item(state, started, first_audio_timeout if first else None, timeout)
-                first = False
+                item = await state.queue.get()
                 if isinstance(item, BaseException):
-                    finished = not isinstance(item, RequestTimedOut)  # a timed-out request still runs: abort it
+                    finished = True  # its failure removed it from the stages (or the pipeline)
                     raise item
                 state.buffered_samples -= item.audio.shape[0]
                 if output_dtype == "int16":
@@ -308,32 +380,40 @@ class AsyncTTSEngine:
                 if item.usage is not None:
                     finished = True
                     return
-        except zmq.ZMQError:  # the pipeline was torn down between the check and the send
-            raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting") from None
         finally:
-            self.requests.pop(rid, None)
-            if not finished and stages is self.stages and self.down is None and not self._closed:
-                await self.abort(rid)
+            await self._release(rid, state, abort=not finished)
 
-    @staticmethod
-    async def _next_item(state: _Request, started: float, first_audio_timeout: float | None,
-                         timeout: float | None) -> GenerationChunk | BaseException:
-        """The request's next queue item, or RequestTimedOut once the nearer of its deadlines has passed."""
-        deadlines = []
-        if first_audio_timeout is not None:
-            deadlines.append((started + first_audio_timeout, f"no audio within {first_audio_timeout:g} s", True))
-        if timeout is not None:
-            deadlines.append((started + timeout, f"the speech did not finish within {timeout:g} s", False))
-        if not deadlines:
-            return await state.queue.get()
-        deadline, message, before_first_audio = min(deadlines)
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            if remaining <= 0:
-                raise TimeoutError
-            return await asyncio.wait_for(state.queue.get(), remaining)
-        except TimeoutError:
-            return RequestTimedOut(message, before_first_audio)
+    async def _release(self, rid: str, state: _Request, abort: bool = True) -> None:
+        """The request leaves the engine (once): its deadlines are off and, unless it ended, both stages drop it."""
+        if state.released:
+            return
+        state.released = True
+        if self.requests.get(rid) is state:
+            del self.requests[rid]
+        for deadline in state.deadlines.values():
+            deadline.cancel()
+        if abort and state.stages is self.stages and self.down is None and not self._closed:
+            await self.abort(rid)
+
+    def _set_deadline(self, rid: str, state: _Request, name: str, at: float, message: str) -> None:
+        """At loop time `at` the request fails with RequestTimedOut(message) (a deadline of that name is
+        replaced)."""
+        if name in state.deadlines:
+            state.deadlines[name].cancel()
+
+        def expire() -> None:
+            self._fail(rid, state, RequestTimedOut(message, before_first_audio=state.num_samples == 0))
+        state.deadlines[name] = asyncio.get_running_loop().call_at(at, expire)
+
+    def _fail(self, rid: str, state: _Request, error: BaseException) -> None:
+        """One request fails: its consumer gets `error` next, both stages drop it."""
+        if self.requests.get(rid) is not state:
+            return  # it ended meanwhile
+        del self.requests[rid]
+        for deadline in state.deadlines.values():
+            deadline.cancel()
+        state.queue.put_nowait(error)
+        asyncio.create_task(self.abort(rid))
 
     async def abort(self, request_id: str) -> None:
         """Free the request in every stage (each drops it within one step)."""
@@ -429,14 +509,16 @@ class AsyncTTSEngine:
             return  # aborted meanwhile
         audio = np.frombuffer(event.pcm, dtype=np.float32)
         state.num_samples += audio.shape[0]
+        if audio.shape[0] or event.finished:
+            first_audio = state.deadlines.pop("first_audio", None)
+            if first_audio is not None:
+                first_audio.cancel()
         if audio.shape[0]:
             state.buffered_samples += audio.shape[0]
             if state.buffered_samples > self.max_buffered_samples:  # the consumer stalls: free its memory now
-                del self.requests[event.request_id]
-                state.queue.put_nowait(RequestFailed(
+                self._fail(event.request_id, state, RequestFailed(
                     f"the client read the audio too slowly (over {self.max_buffered_samples / SAMPLE_RATE:.0f} s "
                     "of audio waiting)"))
-                asyncio.create_task(self.abort(event.request_id))
                 return
             state.queue.put_nowait(GenerationChunk(audio))
         state.audio_done = event.finished
@@ -447,8 +529,7 @@ class AsyncTTSEngine:
         if state is None:
             return
         if event.error is not None:
-            state.queue.put_nowait(RequestFailed(event.error))
-            asyncio.create_task(self.abort(event.request_id))
+            self._fail(event.request_id, state, RequestFailed(event.error))
             return
         state.talker_done = event
         self._maybe_finish(event.request_id, state)
@@ -459,6 +540,8 @@ class AsyncTTSEngine:
             return
         usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows, output_frames=done.num_frames,
                       audio_seconds=state.num_samples / SAMPLE_RATE, finish_reason=done.finish_reason)
+        for deadline in state.deadlines.values():
+            deadline.cancel()
         state.queue.put_nowait(GenerationChunk(np.zeros(0, np.float32), usage))
 
     def _on_stage_exit(self, stage: _Stage) -> None:
@@ -509,6 +592,8 @@ class AsyncTTSEngine:
 
     def _fail_all(self, error: BaseException) -> None:
         for state in self.requests.values():
+            for deadline in state.deadlines.values():
+                deadline.cancel()
             state.queue.put_nowait(error)
         self.requests.clear()
 

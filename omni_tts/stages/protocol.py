@@ -23,6 +23,16 @@ class AddRequest(msgspec.Struct, tag=True):
     max_tokens: int
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
     voice_key: str | None = None     # an uploaded voice's version (VoiceRecord.version_key): its features are cached
+    text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
+                                     # the limit for the text so far
+
+
+class AppendText(msgspec.Struct, tag=True):
+    """Stage 0: the next text ids of a request added with text_open; `done` ends its text."""
+    request_id: str
+    text_ids: list[int]
+    max_tokens: int                  # the token limit for the text so far (with done: the request's)
+    done: bool
 
 
 class Register(msgspec.Struct, tag=True):
@@ -42,7 +52,7 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-StageCommand = AddRequest | Register | Abort | GetStats | Shutdown
+StageCommand = AddRequest | AppendText | Register | Abort | GetStats | Shutdown
 
 
 # --- stages → orchestrator -------------------------------------------------------------------------------------
@@ -75,6 +85,9 @@ class StageStats(msgspec.Struct, tag=True):
     connector_chunks: int = 0        # code2wav: ring chunks received
     connector_latency_p50: float = 0.0   # seconds from the talker's put() to code2wav taking the chunk,
     connector_latency_p99: float = 0.0   # over the most recent chunks
+    prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
+                                         # as many text tokens as the reference has frames)
+    rows_waiting_for_text: int = 0       # talker: rows parked until their next text row arrives
 
 
 class StageFailed(msgspec.Struct, tag=True):

@@ -104,8 +104,10 @@ class PromptBuilder:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def tokenize(self, request: SynthesisRequest) -> TalkerPrompt:
-        """Validate the request against the checkpoint and tokenize it (voice features are filled in later)."""
+    def tokenize(self, request: SynthesisRequest, text_open: bool = False) -> TalkerPrompt:
+        """Validate the request against the checkpoint and tokenize it (voice features are filled in later).
+        text_open: its text arrives later, in pieces (IncrementalTokenizer gives the role and text ids): the prompt
+        has none yet, and the layout is the streaming one."""
         cfg, talker = self.config, self.config.talker
         model_type = cfg.tts_model_type
         if request.task_type is not None:
@@ -116,11 +118,13 @@ class PromptBuilder:
                 expected = next(k for k, v in TASK_TYPES.items() if v == model_type)
                 raise RequestError("task_type", f"task_type {request.task_type!r} does not match the loaded "
                                                 f"{expected} checkpoint")
-        text = strip_leading_newlines(request.text or "")
-        if not text.strip():
-            raise RequestError("input", EMPTY_INPUT)
-        ids = self._encode(TEMPLATE_HEAD + text + TEMPLATE_TAIL)
-        role_ids, text_ids = ids[:TEMPLATE_HEAD_TOKENS], ids[TEMPLATE_HEAD_TOKENS:-TEMPLATE_TAIL_TOKENS]
+        role_ids, text_ids = [], []
+        if not text_open:
+            text = strip_leading_newlines(request.text or "")
+            if not text.strip():
+                raise RequestError("input", EMPTY_INPUT)
+            ids = self._encode(TEMPLATE_HEAD + text + TEMPLATE_TAIL)
+            role_ids, text_ids = ids[:TEMPLATE_HEAD_TOKENS], ids[TEMPLATE_HEAD_TOKENS:-TEMPLATE_TAIL_TOKENS]
 
         speaker = (request.voice or "").strip().lower() or None
         instructions = request.instructions or None
@@ -160,18 +164,25 @@ class PromptBuilder:
                                                    "mode is set")
                 ref_text_ids = self._encode(f"<|im_start|>assistant\n{request.ref_text}<|im_end|>\n")[3:-2]
         non_streaming = request.non_streaming_mode
+        if text_open and non_streaming:
+            raise RequestError("non_streaming_mode", "text that arrives in pieces needs the streaming layout "
+                                                     "(non_streaming_mode false)")
         if non_streaming is None:
-            non_streaming = model_type != "base"
+            non_streaming = model_type != "base" and not text_open
         instruct_ids = self._encode(f"<|im_start|>user\n{instructions}<|im_end|>\n") if instructions else []
-        if self.limits is not None:
-            self._check_fits(self.limits, text_ids, ref_text_ids or [], instruct_ids)
-        return TalkerPrompt(role_ids=role_ids, text_ids=text_ids, instruct_ids=instruct_ids, language_id=language_id,
-                            speaker_id=talker.spk_id[speaker] if model_type == "custom_voice" else None,
-                            non_streaming=non_streaming, ref_text_ids=ref_text_ids)
+        prompt = TalkerPrompt(role_ids=role_ids, text_ids=text_ids, instruct_ids=instruct_ids, language_id=language_id,
+                              speaker_id=talker.spk_id[speaker] if model_type == "custom_voice" else None,
+                              non_streaming=non_streaming, ref_text_ids=ref_text_ids)
+        self.check_fits(prompt)
+        return prompt
 
-    @staticmethod
-    def _check_fits(limits: PromptLimits, text_ids: list[int], ref_text_ids: list[int],
-                    instruct_ids: list[int]) -> None:
+    def check_fits(self, prompt: TalkerPrompt) -> None:
+        """RequestError naming the field if the prompt exceeds the talker's limits (a text that arrives in pieces is
+        checked as it grows)."""
+        if self.limits is None:
+            return
+        limits, text_ids, ref_text_ids, instruct_ids = (self.limits, prompt.text_ids, prompt.ref_text_ids or [],
+                                                        prompt.instruct_ids)
         if len(text_ids) > limits.max_text_tokens:
             raise RequestError("input", f"input is {len(text_ids)} text tokens; the limit is "
                                         f"{limits.max_text_tokens}")
