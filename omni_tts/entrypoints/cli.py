@@ -74,6 +74,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds an admitted request may wait for its first audio before a 503")
     p.add_argument("--request-timeout", type=float, default=1800.0,
                    help="seconds a request may run before it is ended (504, or a cut stream)")
+    p.add_argument("--stream-idle-timeout", type=float, default=30.0,
+                   help="WS /v1/audio/speech/stream: seconds without a message (or, in token mode, without text "
+                        "for an unfinished utterance) before the session ends")
     p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
                    help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
     p.add_argument("--max-restarts", type=int, default=5,
@@ -112,8 +115,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
-    if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0):
-        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout and --request-timeout must be > 0")
+    if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0
+            and args.stream_idle_timeout > 0):
+        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout, --request-timeout and "
+                         "--stream-idle-timeout must be > 0")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
@@ -124,7 +129,8 @@ def _serve(args: argparse.Namespace) -> int:
         served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=args.api_key or None,
-        first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout))
+        first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
+        stream_idle_timeout=args.stream_idle_timeout))
     logging.getLogger("omni_tts").setLevel(logging.INFO)
     print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
           f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)

@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
-from omni_tts.entrypoints.protocol import ResponseFormat, SpeechRequest
+from omni_tts.entrypoints.protocol import ClientMessage, ResponseFormat, SpeechRequest
 from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
 
 _SCHEMAS = "#/components/schemas/"
@@ -80,10 +80,26 @@ _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "stage": {"type": "string", "description": "the failed stage"}}}
 
 
+def _event(name: str, **properties: dict) -> dict:
+    return {"type": "object", "required": ["type", *(p for p in properties if p not in ("sample_rate", "channels"))],
+            "properties": {"type": {"const": name}} | properties}
+
+
+_INT = {"type": "integer"}
+_SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (speech_stream.py)
+    _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
+           format={"type": "string"}, sample_rate=_INT, channels=_INT),
+    _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT),
+    _event("session.done", utterance_index=_INT, total_sentences=_INT),
+    _event("error", message={"type": "string"})]}
+
+
 def _speech_request_schemas(served_model_name: str) -> dict:
-    _, schemas = msgspec.json.schema_components([SpeechRequest], ref_template=_SCHEMAS + "{name}")
+    (_, client_message), schemas = msgspec.json.schema_components([SpeechRequest, ClientMessage],
+                                                                  ref_template=_SCHEMAS + "{name}")
     schemas["SpeechRequest"]["properties"]["model"]["enum"] = [served_model_name]
-    return schemas
+    schemas["SessionConfig"]["properties"]["model"]["anyOf"][0]["enum"] = [served_model_name]
+    return schemas | {"SpeechStreamClientMessage": client_message, "SpeechStreamServerEvent": _SPEECH_STREAM_EVENT}
 
 
 def _speech_operation() -> dict:
@@ -106,12 +122,32 @@ def _speech_operation() -> dict:
             "503": _error("a stage is down and restarting; see Retry-After")}}
 
 
+def _speech_stream_operation() -> dict:
+    return {
+        "operationId": "speechStream",
+        "summary": "Text that streams in: a WebSocket session (vllm-omni's protocol)",
+        "description": (
+            "Upgrade this GET to a WebSocket (RFC 6455). The client sends JSON text messages "
+            "(SpeechStreamClientMessage): session.config first (the speech fields but input, plus split_granularity "
+            "and stream_audio), then input.text pieces and input.done per utterance, session.close at the end. The "
+            "server answers with JSON events (SpeechStreamServerEvent) and binary frames of audio in the configured "
+            "format, between an utterance's audio.start and audio.done; an error event is followed by the close of "
+            "the connection. split_granularity token (the default) speaks each utterance as one request whose text "
+            "grows as it arrives, with the audio of the whole text (streaming layout)."),
+        "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
+                        "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
+        "responses": {
+            "101": {"description": "Switching Protocols: the session runs over the WebSocket"},
+            "400": _error("not a WebSocket upgrade request")}}
+
+
 def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
     """The document for an app serving `served_model_name`; with `api_key_required` every route but /health
     declares the bearer scheme and its 401."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/speech/stream": {"get": _speech_stream_operation()},
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
                     "responses": {"200": _json("VoiceList", "all voice names, and the uploaded voices")}},

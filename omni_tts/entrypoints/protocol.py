@@ -49,16 +49,15 @@ class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
     id: Name
 
 
-class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class SpeechOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Everything of a speech request but its text and how the HTTP response streams: what a WebSocket session
+    configures once for all its utterances."""
     # OpenAI
     model: Name
-    input: Text
     voice: Name | VoiceId | None = None
     instructions: Text | None = None
     response_format: ResponseFormat = "mp3"
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
-    stream_format: Literal["audio", "sse"] | None = None
-    stream: bool = False
     # Qwen3-TTS extensions
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
     language: Name | None = None
@@ -82,9 +81,43 @@ class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         name = self.voice.id if isinstance(self.voice, VoiceId) else self.voice
         return name.strip() if name and name.strip() else None
 
+
+class SpeechRequest(SpeechOptions):
+    """POST /v1/audio/speech."""
+    input: Text
+    stream_format: Literal["audio", "sse"] | None = None
+    stream: bool = False
+
     @property
     def streaming(self) -> bool:
         return self.stream or self.stream_format is not None
+
+
+# --- WS /v1/audio/speech/stream: client messages (vllm-omni's protocol) ---------------------------------------
+class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
+    """The first message (and again between utterances): the speech fields but `input`, plus how text is cut
+    into requests. token: one request per utterance, its text growing while it runs (audio equal to the whole
+    text's in the streaming layout); sentence / clause: one request per sentence or clause; none: one request per
+    utterance, when it ends."""
+    model: Name | None = None                 # None: the served model
+    response_format: ResponseFormat = "wav"
+    split_granularity: Literal["token", "sentence", "clause", "none"] = "token"
+    stream_audio: bool = False                # audio in binary frames as it is made, else whole per request
+
+
+class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", tag_field="type"):
+    text: str = ""
+
+
+class InputDone(msgspec.Struct, forbid_unknown_fields=True, tag="input.done", tag_field="type"):
+    """Ends the utterance; the session stays open for the next."""
+
+
+class SessionClose(msgspec.Struct, forbid_unknown_fields=True, tag="session.close", tag_field="type"):
+    pass
+
+
+ClientMessage = SessionConfig | InputText | InputDone | SessionClose
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -92,18 +125,23 @@ _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 def decode_speech_request(body: bytes) -> SpeechRequest:
     """JSON body → SpeechRequest, or ApiError(400) naming the field."""
+    return decode_json(body, SpeechRequest)
+
+
+def decode_json(body: bytes | str, type_: type, what: str = "request body") -> object:
+    """A JSON object → `type_` (a Struct or a tagged union of them), or ApiError(400) naming the field."""
     if not body.strip():
-        raise ApiError(400, "request body is empty; expected a JSON object")
+        raise ApiError(400, f"{what} is empty; expected a JSON object")
     try:
-        return msgspec.json.decode(body, type=SpeechRequest)
+        return msgspec.json.decode(body, type=type_)
     except UnicodeDecodeError:  # msgspec validates UTF-8 inside strings only
-        raise ApiError(400, "request body is not valid UTF-8") from None
+        raise ApiError(400, f"{what} is not valid UTF-8") from None
     except msgspec.ValidationError as e:
         text = str(e)
         match = _PATH.search(text)
         param = match.group(1).split(".")[0].split("[")[0] if match and match.group(1) else None
         if param is None and text.startswith("Expected `object`"):
-            raise ApiError(400, "request body must be a JSON object") from None
+            raise ApiError(400, f"{what} must be a JSON object") from None
         if text.startswith("Object contains unknown field"):
             field = re.search(r"field `([^`]*)`", text)
             param = field.group(1) if field else param
@@ -115,4 +153,4 @@ def decode_speech_request(body: bytes) -> SpeechRequest:
         message = _PATH.sub("", text).strip().rstrip("-").strip()
         raise ApiError(400, f"invalid '{param}': {message}" if param else message, param) from None
     except msgspec.DecodeError as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+        raise ApiError(400, f"{what} is not valid JSON: {e}") from None

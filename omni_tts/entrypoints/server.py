@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
 
-Routes: POST /v1/audio/speech, GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name}, GET /v1/models,
-GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work (tokenizer: single worker inside the engine;
-reference audio, encoding, base64: a small bounded pool) never runs on the loop.
+Routes: POST /v1/audio/speech, WS /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices,
+DELETE /v1/audio/voices/{name}, GET /v1/models, GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work
+(tokenizer: single worker inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on
+the loop.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolic
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.openapi import openapi_route
-from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
+from omni_tts.entrypoints.protocol import ApiError, SpeechOptions, SpeechRequest, decode_speech_request
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
@@ -51,6 +52,8 @@ class ServerConfig:
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
+    stream_idle_timeout: float = 30.0          # WS /v1/audio/speech/stream: seconds between messages, and of a
+                                               # token-mode request without text, beyond which the session ends
 
 
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
@@ -136,28 +139,63 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
         raise too_large from None
 
 
+def check_output(options: SpeechOptions, streaming: bool) -> None:
+    """The output options a streamed response can honour."""
+    if streaming and options.response_format not in streamable_formats():
+        raise ApiError(400, f"response_format '{options.response_format}' cannot be streamed; use one of "
+                            f"{', '.join(streamable_formats())} or a non-streaming request", "response_format")
+    if streaming and options.speed != 1.0:
+        raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
+                            "utterance); send a non-streaming request to change the speed", "speed")
+
+
+class Admission:
+    """An admitted speech request's slot among --max-queue, and the gauges that count it (with: raises 429 when
+    the server is at capacity, 503 while a stage is down)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.waiting = True   # for its first audio
+
+    def __enter__(self) -> "Admission":
+        state = self.state
+        if state.admitted >= state.config.max_queue:
+            raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
+        if not state.engine.is_healthy:
+            raise ApiError(503, unavailable_message(state.engine))
+        state.admitted += 1
+        state.metrics.in_flight.inc()
+        state.metrics.queue_depth.inc()
+        return self
+
+    def first_audio(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.state.metrics.queue_depth.dec()
+
+    def __exit__(self, *exc: object) -> None:
+        self.state.admitted -= 1
+        self.state.metrics.in_flight.dec()
+        self.first_audio()
+
+
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
     speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
-    if speech.streaming and speech.response_format not in streamable_formats():
-        raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
-                            f"{', '.join(streamable_formats())} or a non-streaming request", "response_format")
-    if speech.streaming and speech.speed != 1.0:
-        raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
-                            "utterance); send a non-streaming request to change the speed", "speed")
+    check_output(speech, speech.streaming)
+    if not speech.input.strip():
+        raise ApiError(400, "input must not be empty", "input")
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
-    if state.admitted >= state.config.max_queue:
-        raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
-    if not state.engine.is_healthy:
-        raise ApiError(503, unavailable_message(state.engine))
-    state.admitted += 1
-    state.metrics.in_flight.inc()
-    state.metrics.queue_depth.inc()
-    waiting = True
+    with Admission(state) as admission:
+        return await speak(request, state, speech, arrived, admission)
+
+
+async def speak(request: web.Request, state: ServerState, speech: SpeechRequest, arrived: float,
+                admission: Admission) -> web.StreamResponse:
     stream = None
     try:
-        synthesis, voice_key = await build_synthesis_request(state, speech)
+        synthesis, voice_key = await build_synthesis_request(state, speech, speech.input)
         stream = state.engine.generate(synthesis, output_dtype="float32",
                                        initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
                                        first_audio_timeout=state.config.first_audio_timeout,
@@ -172,8 +210,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             raise ApiError(503, f"the server is overloaded: {e}; retry shortly") from None
         except RequestFailed as e:
             raise ApiError(500, f"speech generation failed: {e}") from None
-        state.metrics.queue_depth.dec()
-        waiting = False
+        admission.first_audio()
         state.metrics.ttfp.observe(time.monotonic() - arrived)
         if not speech.streaming:
             try:
@@ -192,10 +229,6 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     finally:
         if stream is not None:
             await stream.aclose()  # aborts the request in every stage if it did not finish
-        state.admitted -= 1
-        state.metrics.in_flight.dec()
-        if waiting:
-            state.metrics.queue_depth.dec()
 
 
 def unavailable_message(engine: AsyncTTSEngine) -> str:
@@ -206,15 +239,14 @@ def unavailable_message(engine: AsyncTTSEngine) -> str:
     return "the pipeline is not running"
 
 
-async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> tuple[SynthesisRequest, str | None]:
-    """The engine request, and the uploaded voice's version key when ref_audio comes from one."""
+async def build_synthesis_request(state: ServerState, speech: SpeechOptions,
+                                  text: str) -> tuple[SynthesisRequest, str | None]:
+    """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one."""
     engine = state.engine
     model_type = engine.config.tts_model_type
-    if speech.model != state.config.served_model_name:
+    if speech.model is not None and speech.model != state.config.served_model_name:
         raise ApiError(404, f"model '{speech.model}' is not served here; available: "
                             f"{state.config.served_model_name}", "model", "model_not_found")
-    if not speech.input.strip():
-        raise ApiError(400, "input must not be empty", "input")
     if speech.instructions and model_type == "custom_voice" and engine.config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     voice, ref_audio, ref_text, voice_key = speech.voice_name, None, speech.ref_text, None
@@ -253,7 +285,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> 
     if speech.ref_audio is not None and model_type != "base":
         raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
     synthesis = SynthesisRequest(
-        text=speech.input, task_type=speech.task_type, voice=voice, language=speech.language,
+        text=text, task_type=speech.task_type, voice=voice, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams(temperature=speech.temperature, top_k=speech.top_k, top_p=speech.top_p,
@@ -277,11 +309,20 @@ def _usage_json(chunk: GenerationChunk) -> dict:
             "total_tokens": u.input_tokens + u.output_frames}
 
 
-def _record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+def record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
     state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
     if chunk.usage.audio_seconds > 0:
         state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
+
+
+async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[np.ndarray]) -> bytes:
+    """A request's whole audio as one file of options.response_format, at options.speed (in the pool)."""
+    def encode() -> bytes:
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        samples = change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
+        return encode_audio(samples, SAMPLE_RATE, options.response_format)
+    return await state.run(encode)
 
 
 async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
@@ -291,14 +332,8 @@ async def respond_whole(state: ServerState, speech: SpeechRequest, first: Genera
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
         last = chunk
-    _record_usage(state, last, started)
-    audio = np.concatenate(parts)
-
-    def encode() -> bytes:
-        samples = change_speed(audio, speech.speed, SAMPLE_RATE) if speech.speed != 1.0 else audio
-        return encode_audio(samples, SAMPLE_RATE, speech.response_format)
-
-    data = await state.run(encode)
+    record_usage(state, last, started)
+    data = await encode_whole(state, speech, parts)
     usage = _usage_json(last)
     return web.Response(body=data, content_type=content_type(speech.response_format), headers={
         "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
@@ -327,7 +362,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
             if chunk.audio.size:
                 await response.write(await encode_chunk(state, encoder, chunk.audio))
             if chunk.usage is not None:
-                _record_usage(state, chunk, started)
+                record_usage(state, chunk, started)
     except (StageDeadError, RequestFailed) as e:
         # the status line went out long ago: end the connection without the chunked body's terminator, so the
         # client sees a truncated response instead of audio that merely stops (or a second response inside it)
@@ -366,7 +401,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                 if tail:
                     await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                 "response_format": speech.response_format})
-                _record_usage(state, chunk, started)
+                record_usage(state, chunk, started)
                 await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
     except (StageDeadError, RequestFailed) as e:
         await send({"type": "speech.audio.error", "error": {"message": str(e), "type": "server_error",
@@ -513,9 +548,12 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         if owns_engine:
             await engine.shutdown()
 
+    from omni_tts.entrypoints.speech_stream import speech_stream  # it builds on this module's handlers
+
     app.cleanup_ctx.append(lifecycle)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
+        web.get("/v1/audio/speech/stream", speech_stream),
         web.get("/v1/audio/voices", list_voices),
         web.post("/v1/audio/voices", upload_voice),
         web.delete("/v1/audio/voices/{name}", delete_voice),

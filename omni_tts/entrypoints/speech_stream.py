@@ -1,0 +1,293 @@
+"""WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol.
+
+Client → server (JSON text messages): `session.config` (first; again between utterances), `input.text` {text},
+`input.done` (ends the utterance; the connection stays open for the next), `session.close`.
+Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
+channels}, binary audio frames (the whole file per request, or with stream_audio its pieces as they are made),
+`audio.done` {utterance_index, sentence_index, total_bytes}, `session.done` {utterance_index, total_sentences}, and
+`error` {message}, after which the server closes the connection and the session's requests end in the stages.
+
+split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
+(`AsyncTTSEngine.open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
+first words; `audio.start` then carries the text received so far. `sentence`, `clause` and `none` make a request of
+each sentence, clause or whole utterance, one after another (text_splitter.py). Each request is admitted like an
+HTTP one (--max-queue), with the same validation (the config is a SpeechOptions). Limits: session.config within
+10 s of the connection, no message more than --stream-idle-timeout seconds apart, session.config at most 4 MiB
+(it may carry ref_audio), other messages at most 128 KiB, and the text of one request at most 4096 characters.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import AsyncIterator, Callable
+
+from aiohttp import WSMsgType, web
+
+from omni_tts.audio.encoding import create_stream_encoder
+from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputDone, InputText,
+                                           SessionClose, SessionConfig, decode_json)
+from omni_tts.entrypoints.text_splitter import TextSplitter
+from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.prompt import RequestError
+from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
+
+from .server import (STATE, Admission, ServerState, build_synthesis_request, check_output, encode_chunk,
+                     encode_whole, record_usage)
+
+logger = logging.getLogger(__name__)
+
+MAX_CONFIG_BYTES = 4 * 2**20
+MAX_MESSAGE_BYTES = 128 * 2**10
+CONFIG_TIMEOUT = 10.0
+# what ends a session with an error event; anything else is a bug (logged, "internal error")
+SESSION_ERRORS = (ApiError, RequestError, StageDeadError, RequestFailed)
+
+
+class SessionError(Exception):
+    """A protocol error: the client gets an error event with this message, then the connection closes."""
+
+
+async def speech_stream(request: web.Request) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES)  # beyond: aiohttp closes with 1009
+    await ws.prepare(request)
+    await SpeechSession(request.app[STATE], ws).run()
+    return ws
+
+
+def error_message(error: BaseException) -> str:
+    if isinstance(error, ApiError):
+        return error.message
+    if isinstance(error, StageDeadError):
+        return f"the server cannot serve this now: {error}"
+    if isinstance(error, RequestFailed) and not isinstance(error, RequestTimedOut):
+        return f"speech generation failed: {error}"
+    return str(error)
+
+
+class SpeechSession:
+    """One connection: its config, the utterance in progress, the events it sends."""
+
+    def __init__(self, state: ServerState, ws: web.WebSocketResponse) -> None:
+        self.state, self.ws = state, ws
+        self.config: SessionConfig | None = None
+        self.template = None            # the SynthesisRequest of the config, its text left empty
+        self.voice_key: str | None = None
+        self.utterance: TokenUtterance | SplitUtterance | None = None
+        self.utterance_index = 0
+        self.failed = False
+
+    async def run(self) -> None:
+        try:
+            while (message := await self._receive()) is not None:
+                if isinstance(message, SessionClose):
+                    break
+                await self._handle(message)
+        except SessionError as e:
+            await self.fail(str(e))
+        except SESSION_ERRORS as e:
+            await self.fail(error_message(e))
+        except Exception:
+            logger.exception("speech stream session failed")
+            await self.fail("internal error; see the server log")
+        finally:
+            # shielded: a client that goes away cancels the handler (handler_cancellation), and the utterance's
+            # requests and slot must still be let go of
+            await asyncio.shield(self._close())
+
+    async def _close(self) -> None:
+        if self.utterance is not None:
+            await self.utterance.close()
+        await self.ws.close()
+
+    async def fail(self, message: str) -> None:
+        """The error event (once), then the connection closes."""
+        if self.failed:
+            return
+        self.failed = True
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_json({"type": "error", "message": message})
+        await self.ws.close()
+
+    async def _receive(self) -> ClientMessage | None:
+        """The next message, None once the connection is closing."""
+        timeout = CONFIG_TIMEOUT if self.config is None else self.state.config.stream_idle_timeout
+        try:
+            message = await self.ws.receive(timeout)
+        except asyncio.TimeoutError:
+            raise SessionError(f"no session.config within {timeout:g} s" if self.config is None
+                               else f"no message for {timeout:g} s") from None
+        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return None
+        if message.type != WSMsgType.TEXT:
+            raise SessionError("messages must be JSON text")
+        size = len(message.data.encode("utf-8", "surrogatepass"))
+        if size > MAX_CONFIG_BYTES:
+            raise SessionError(f"message too large ({size} bytes; session.config may have {MAX_CONFIG_BYTES})")
+        decoded = decode_json(message.data, ClientMessage, "the message")
+        if not isinstance(decoded, SessionConfig) and size > MAX_MESSAGE_BYTES:
+            raise SessionError(f"message too large ({size} bytes; the limit is {MAX_MESSAGE_BYTES})")
+        return decoded
+
+    async def _handle(self, message: ClientMessage) -> None:
+        if isinstance(message, SessionConfig):
+            if self.utterance is not None:
+                raise SessionError("session.config cannot change an utterance in progress; send input.done first")
+            await self._configure(message)
+        elif self.config is None:
+            raise SessionError("the first message must be session.config")
+        elif isinstance(message, InputText):
+            if self.utterance is None:
+                self.utterance = (TokenUtterance(self) if self.config.split_granularity == "token"
+                                  else SplitUtterance(self))
+            await self.utterance.add(message.text)
+        elif isinstance(message, InputDone):
+            total = await self.utterance.finish() if self.utterance is not None else 0
+            self.utterance = None
+            await self.ws.send_json({"type": "session.done", "utterance_index": self.utterance_index,
+                                     "total_sentences": total})
+            self.utterance_index += 1
+
+    async def _configure(self, config: SessionConfig) -> None:
+        check_output(config, config.stream_audio)
+        self.template, self.voice_key = await build_synthesis_request(self.state, config, "")
+        self.config = config
+
+    def request(self, text: str):
+        return dataclasses.replace(self.template, text=text)
+
+    def generation_args(self) -> dict:
+        config, server = self.config, self.state.config
+        return dict(output_dtype="float32", initial_chunk_frames=config.initial_codec_chunk_frames,
+                    voice_key=self.voice_key, first_audio_timeout=server.first_audio_timeout,
+                    timeout=server.request_timeout)
+
+    async def send_audio(self, chunks: AsyncIterator[GenerationChunk], sentence_index: int,
+                         sentence_text: Callable[[], str], admission: Admission) -> None:
+        """One request's audio.start, binary frames and audio.done."""
+        config, started, total_bytes = self.config, time.monotonic(), 0
+        start = {"type": "audio.start", "utterance_index": self.utterance_index, "sentence_index": sentence_index,
+                 "format": config.response_format}
+        if config.response_format == "pcm":
+            start |= {"sample_rate": SAMPLE_RATE, "channels": 1}
+        encoder = create_stream_encoder(config.response_format, SAMPLE_RATE) if config.stream_audio else None
+        parts, pending = [], encoder.start() if encoder else b""
+        async for chunk in chunks:
+            if chunk.audio.size:
+                admission.first_audio()
+                if encoder is None:
+                    parts.append(chunk.audio)
+                    continue
+                if total_bytes == 0:
+                    await self.ws.send_json(start | {"sentence_text": sentence_text()})
+                data = pending + await encode_chunk(self.state, encoder, chunk.audio)
+                pending = b""
+                total_bytes += len(data)
+                await self.ws.send_bytes(data)
+            if chunk.usage is not None:
+                record_usage(self.state, chunk, started)
+        data = pending + encoder.finish() if encoder else await encode_whole(self.state, config, parts)
+        if total_bytes == 0:
+            await self.ws.send_json(start | {"sentence_text": sentence_text()})
+        if data:
+            total_bytes += len(data)
+            await self.ws.send_bytes(data)
+        await self.ws.send_json({"type": "audio.done", "utterance_index": self.utterance_index,
+                                 "sentence_index": sentence_index, "total_bytes": total_bytes})
+
+
+def check_text_length(text: str) -> None:
+    if len(text) > MAX_TEXT_CHARS:
+        raise ApiError(400, f"the text of one request may have at most {MAX_TEXT_CHARS} characters", "input")
+
+
+class TokenUtterance:
+    """split_granularity token: the utterance is one request whose text grows as it arrives; its audio goes out
+    from a task of its own while the text keeps coming."""
+
+    def __init__(self, session: SpeechSession) -> None:
+        self.session = session
+        self.text = ""
+        self.admission: Admission | None = None
+        self.stream = None
+        self.sender: asyncio.Task | None = None
+
+    async def add(self, text: str) -> None:
+        self.text += text
+        check_text_length(self.text)
+        if self.stream is None:
+            if not self.text.strip():
+                return  # whitespace before the first word tokenizes with it: it waits
+            session = self.session
+            self.admission = Admission(session.state).__enter__()
+            self.stream = await session.state.engine.open_text_stream(
+                session.request(""), idle_timeout=session.state.config.stream_idle_timeout,
+                **session.generation_args())
+            self.sender = asyncio.create_task(self._send_audio(self.admission))
+            text = self.text
+        await self.stream.append(text)
+
+    async def _send_audio(self, admission: Admission) -> None:
+        try:
+            await self.session.send_audio(self.stream, 0, lambda: self.text, admission)
+        except SESSION_ERRORS as e:
+            await self.session.fail(error_message(e))
+            raise
+        except ConnectionError:
+            pass  # the client went away; the session ends with the connection
+
+    async def finish(self) -> int:
+        """The number of requests it made (0 for nothing but whitespace)."""
+        if self.stream is None:
+            await self.close()
+            return 0
+        await self.stream.finish()
+        await self.sender
+        await self.close()
+        return 1
+
+    async def close(self) -> None:
+        if self.admission is not None:
+            self.admission.__exit__()
+            self.admission = None
+        if self.sender is not None:
+            self.sender.cancel()
+            await asyncio.gather(self.sender, return_exceptions=True)
+        if self.stream is not None:
+            await self.stream.aclose()
+
+
+class SplitUtterance:
+    """split_granularity sentence / clause / none: each complete unit of text is a request of its own, spoken
+    before the next message is read."""
+
+    def __init__(self, session: SpeechSession) -> None:
+        self.session = session
+        self.splitter = TextSplitter(session.config.split_granularity)
+        self.num_requests = 0
+
+    async def add(self, text: str) -> None:
+        for unit in self.splitter.feed(text):
+            await self._speak(unit)
+        check_text_length(self.splitter.buffer)
+
+    async def finish(self) -> int:
+        for unit in self.splitter.flush():
+            await self._speak(unit)
+        return self.num_requests
+
+    async def _speak(self, text: str) -> None:
+        check_text_length(text)
+        session = self.session
+        with Admission(session.state) as admission:
+            chunks = session.state.engine.generate(session.request(text), **session.generation_args())
+            try:
+                await session.send_audio(chunks, self.num_requests, lambda: text, admission)
+            finally:
+                await chunks.aclose()
+        self.num_requests += 1
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,290 @@
+"""WS /v1/audio/speech/stream over real sockets, against real server processes: token mode gives the whole text's
+audio whatever the cuts and pauses, starts before the text ends, keeps concurrent sessions apart; sentence mode;
+bad messages end the session with nothing left in the stages."""
+import asyncio
+import json
+import random
+import time
+import urllib.request
+
+import aiohttp
+import numpy as np
+import pytest
+
+from conftest import FIXTURES
+from omni_tts.audio.encoding import to_int16
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from server_util import ServerProcess
+
+MODEL = "qwen3-tts"
+KEY = "stream-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+IDLE = 3.0
+GREEDY = {"temperature": 0, "max_new_tokens": 48}
+REF = {"ref_audio": str(FIXTURES / "ref_voice.wav"), "ref_text": (FIXTURES / "ref_voice.txt").read_text().strip()}
+TEXT = ("Streaming text arrives word by word from a language model, and the speech starts long before the "
+        "sentence is over. 42 is the answer!")
+
+
+def serve(variant: str, *args: str) -> ServerProcess:
+    return ServerProcess("--model", str(FIXTURES / variant), "--served-model-name", MODEL, "--api-key", KEY,
+                         "--stream-idle-timeout", str(IDLE), "--allowed-local-media-path", str(FIXTURES), *args)
+
+
+@pytest.fixture(scope="module")
+def cv_server():
+    server = serve("tiny-custom-voice", "--max-queue", "40")
+    yield server
+    server.stop()
+
+
+def http_pcm(server: ServerProcess, text: str, **fields) -> np.ndarray:
+    body = dict(GREEDY, model=MODEL, input=text, response_format="pcm", non_streaming_mode=False, **fields)
+    req = urllib.request.Request(server.url + "/v1/audio/speech", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json", **AUTH})
+    with urllib.request.urlopen(req, timeout=120) as response:
+        return np.frombuffer(response.read(), dtype="<i2")
+
+
+def stage_requests(server: ServerProcess) -> float:
+    req = urllib.request.Request(server.url + "/metrics", headers=AUTH)
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("omni_tts_stage_requests", "omni_tts_in_flight")))
+
+
+def wait_until_stages_hold_nothing(server: ServerProcess) -> None:
+    deadline = time.monotonic() + 10
+    while stage_requests(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stage_requests(server) == 0
+
+
+class Session:
+    """A WebSocket client that reads every event (with its arrival time) while the test sends."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws, self.events = ws, asyncio.Queue()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            data = json.loads(message.data) if message.type == aiohttp.WSMsgType.TEXT else message.data
+            self.events.put_nowait((time.monotonic(), data))
+        self.events.put_nowait((time.monotonic(), None))  # closed
+
+    async def send(self, message: dict | str) -> None:
+        await self.ws.send_str(message if isinstance(message, str) else json.dumps(message))
+
+    async def utterance(self, pieces: list[str], delays: list[float]) -> dict:
+        """Send one utterance's text and input.done; collect its events up to session.done."""
+        for piece, delay in zip(pieces, delays):
+            await asyncio.sleep(delay)
+            await self.send({"type": "input.text", "text": piece})
+        last_sent = time.monotonic()
+        await self.send({"type": "input.done"})
+        result = {"last_text_sent": last_sent, "events": [], "pcm": b"", "first_audio": None}
+        while True:
+            at, event = await asyncio.wait_for(self.events.get(), 120)
+            assert event is not None, result["events"]
+            if isinstance(event, bytes):
+                result["pcm"] += event
+                result["first_audio"] = result["first_audio"] or at
+                continue
+            result["events"].append(event)
+            assert event["type"] != "error", event
+            if event["type"] == "session.done":
+                return result
+
+    async def closing_error(self) -> str:
+        """The error event the server sends before it closes."""
+        at, event = await asyncio.wait_for(self.events.get(), 30)
+        while isinstance(event, bytes) or (event is not None and event["type"] != "error"):
+            at, event = await asyncio.wait_for(self.events.get(), 30)
+        assert event is not None, "closed without an error event"
+        closed = await asyncio.wait_for(self.events.get(), 30)
+        assert closed[1] is None and self.ws.closed
+        return event["message"]
+
+
+async def open_session(server: ServerProcess, http: aiohttp.ClientSession, **config) -> Session:
+    ws = await http.ws_connect(server.url + "/v1/audio/speech/stream", headers=AUTH)
+    session = Session(ws)
+    if config:
+        await session.send(dict({"type": "session.config", "response_format": "pcm"}, **config))
+    return session
+
+
+def mid_word_cuts(rng: random.Random, text: str, pause: float) -> tuple[list[str], list[float]]:
+    """Pieces cut at random places (inside words too) with random delays, one pause long enough for rows to wait."""
+    points = sorted(rng.sample(range(1, len(text)), 12))
+    pieces = [text[a:b] for a, b in zip([0] + points, points + [len(text)])]
+    delays = [rng.choice([0.0, 0.0, 0.02, 0.1]) for _ in pieces]
+    delays[rng.randrange(2, len(pieces))] = pause
+    return pieces, delays
+
+
+def assert_pcm_close(pcm: bytes, expected: np.ndarray) -> None:
+    got = np.frombuffer(pcm, dtype="<i2")
+    assert got.shape == expected.shape
+    assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= 1
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("variant,voice", [
+    ("tiny-custom-voice", {"voice": "ryan"}),
+    ("tiny-voice-design", {"instructions": "A calm, deep voice.", "language": "english"}),
+    ("tiny-base", {**REF, "language": "english"}),
+    ("tiny-base", {**REF, "x_vector_only_mode": True}),
+], ids=["custom-voice", "voice-design", "base-icl", "base-x-vector"])
+def test_token_mode_equals_the_whole_text(variant, voice, cv_server, request):
+    server = cv_server if variant == "tiny-custom-voice" else serve(variant)
+    request.addfinalizer(server.stop if server is not cv_server else lambda: None)
+    # ICL: the prefill waits for as many text tokens as the reference has frames, so its text is longer
+    text = TEXT + (" " + TEXT if "ref_text" in voice else "")
+    expected = http_pcm(server, text, **voice)
+    rng = random.Random(len(variant) + len(voice))
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(server, http, stream_audio=True, **GREEDY, **voice)
+            for pause in (1.2, 0.0):  # two utterances on one connection: one with a pause that makes rows wait
+                result = await session.utterance(*mid_word_cuts(rng, text, pause))
+                assert_pcm_close(result["pcm"], expected)
+                starts = [e for e in result["events"] if e["type"] == "audio.start"]
+                assert len(starts) == 1 and starts[0]["sample_rate"] == 24000 and starts[0]["channels"] == 1
+                assert result["events"][-1]["total_sentences"] == 1
+            await session.send({"type": "session.close"})
+            await session.reader
+    run(main())
+    wait_until_stages_hold_nothing(server)
+
+
+def test_first_audio_arrives_before_the_text_ends(cv_server):
+    words = (TEXT + " " + TEXT).split(" ")
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(cv_server, http, voice="vivian", stream_audio=True, **GREEDY)
+            result = await session.utterance([w + " " for w in words], [0.15] * len(words))
+            assert result["first_audio"] < result["last_text_sent"]
+            await session.ws.close()
+    run(main())
+
+
+def test_16_sessions_and_16_http_requests_get_their_own_audio(cv_server):
+    voices = ["ryan", "vivian", "serena", "aiden", "eric", "dylan", "sohee", "ono_anna"]
+    texts = [f"Request {i}: {TEXT.split('.')[0]}." for i in range(16)]
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    expected = [to_int16(r.audio) for r in tts.synthesize([
+        SynthesisRequest(text=t, voice=voices[i % 8], non_streaming_mode=False,
+                         sampling=SamplingParams(temperature=0, max_new_tokens=32)) for i, t in enumerate(texts)])]
+    rng = random.Random(16)
+
+    async def ws_one(http, i):
+        session = await open_session(cv_server, http, voice=voices[i % 8], stream_audio=i % 2 == 0,
+                                     temperature=0, max_new_tokens=32)
+        pieces, delays = mid_word_cuts(rng, texts[i], 0.3)
+        result = await session.utterance(pieces, delays)
+        await session.ws.close()
+        return result["pcm"]
+
+    async def http_one(i):
+        return await asyncio.to_thread(http_pcm, cv_server, texts[i], voice=voices[i % 8], temperature=0,
+                                       max_new_tokens=32)
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            return await asyncio.gather(*(ws_one(http, i) for i in range(16)), *(http_one(i) for i in range(16)))
+    results = run(main())
+    for i in range(16):
+        assert_pcm_close(results[i], expected[i])
+        assert_pcm_close(results[16 + i].tobytes(), expected[i])
+    wait_until_stages_hold_nothing(cv_server)
+
+
+def test_sentence_mode_makes_a_request_per_sentence(cv_server):
+    sentences = ["One sentence here.", "A second one!", "And is this the third?"]
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(cv_server, http, voice="ryan", split_granularity="sentence",
+                                         non_streaming_mode=False, **GREEDY)
+            text = " ".join(sentences)
+            result = await session.utterance([text[:9], text[9:30], text[30:]], [0, 0.05, 0.05])
+            starts = [e for e in result["events"] if e["type"] == "audio.start"]
+            assert [(s["sentence_index"], s["sentence_text"]) for s in starts] == list(enumerate(sentences))
+            assert result["events"][-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 3}
+            await session.ws.close()
+            return result
+    result = run(main())
+    expected = np.concatenate([http_pcm(cv_server, s, voice="ryan") for s in sentences])
+    assert_pcm_close(result["pcm"], expected)
+
+
+BAD_MESSAGES = [
+    ("bad json", None, "{nope", "the message is not valid JSON"),
+    ("not an object", None, "[1, 2]", "must be a JSON object"),
+    ("unknown type", {}, {"type": "audio.please"}, "invalid 'type'"),
+    ("text before config", None, {"type": "input.text", "text": "Hi"}, "first message must be session.config"),
+    ("unknown field", None, {"type": "session.config", "colour": "blue"}, "unknown field 'colour'"),
+    ("oversize text", {}, {"type": "input.text", "text": "a" * (129 * 1024)}, "message too large"),
+    ("oversize config", None, {"type": "session.config", "ref_text": "a" * (5 * 2**20)}, "message too large"),
+    ("mid-utterance garbage", {"text": "Half a sentence, then"}, "{nope", "not valid JSON"),
+    ("text over 4096 characters", {"text": "word " * 900}, None, "at most 4096 characters"),
+    ("streamed speed", None, {"type": "session.config", "stream_audio": True, "speed": 2.0}, "speed must be 1.0"),
+    ("token mode, non-streaming layout", {"non_streaming_mode": True, "text": "Hello there"}, None,
+     "non_streaming_mode"),
+]
+
+
+@pytest.mark.parametrize("name,before,message,error", BAD_MESSAGES, ids=[b[0] for b in BAD_MESSAGES])
+def test_bad_messages_end_the_session_cleanly(cv_server, name, before, message, error):
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(cv_server, http)
+            if before is not None:
+                config = {k: v for k, v in before.items() if k != "text"}
+                await session.send(dict({"type": "session.config", "voice": "ryan", "stream_audio": True}, **config))
+                if "text" in before:
+                    await session.send({"type": "input.text", "text": before["text"]})
+                    await asyncio.sleep(0.3)
+            if message is not None:
+                await session.send(message)
+            assert error in await session.closing_error()
+    run(main())
+    wait_until_stages_hold_nothing(cv_server)
+
+
+def test_idle_sessions_admission_and_the_api_key():
+    server = serve("tiny-custom-voice", "--max-queue", "1")
+    try:
+        async def main():
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await http.ws_connect(server.url + "/v1/audio/speech/stream")
+                assert refused.value.status == 401
+                async with http.get(server.url + "/v1/audio/speech/stream", headers=AUTH) as plain:
+                    assert plain.status == 400 and set((await plain.json())["error"]) == {
+                        "message", "type", "param", "code"}  # documented: no upgrade, the error envelope
+                quiet = await open_session(server, http)
+                assert "no session.config within 10 s" in await quiet.closing_error()
+                holder = await open_session(server, http, voice="ryan")
+                await holder.send({"type": "input.text", "text": "This utterance holds the only slot"})
+                await asyncio.sleep(0.3)
+                second = await open_session(server, http, voice="ryan")
+                await second.send({"type": "input.text", "text": "Me too"})
+                assert "at capacity" in await second.closing_error()
+                started = time.monotonic()
+                # its text never ends: the session (no message) or the request (no text) times out
+                assert f"for {IDLE:g} s" in await holder.closing_error()
+                assert IDLE - 1 < time.monotonic() - started < IDLE + 5
+        run(main())
+        wait_until_stages_hold_nothing(server)
+    finally:
+        server.stop()
