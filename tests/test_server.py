@@ -189,7 +189,8 @@ def test_health_models_metrics(cv_server):
     text = body.decode()
     for family in ("omni_tts_requests_total", "omni_tts_ttfp_seconds", "omni_tts_rtf", "omni_tts_audio_seconds_total",
                    "omni_tts_queue_depth", "omni_tts_in_flight", "omni_tts_stage_step_seconds",
-                   "omni_tts_connector_latency_seconds", "omni_tts_connector_chunks"):
+                   "omni_tts_connector_latency_seconds", "omni_tts_connector_chunks",
+                   'omni_tts_talker_waiting_for_text{waiting="prefill"}'):
         assert family in text, family
 
 

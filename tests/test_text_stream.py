@@ -10,22 +10,24 @@ from conftest import FIXTURES
 from omni_tts.config import load_stage_config
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut, StageDeadError
 
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
 
 
 def request(text: str = "", **kwargs) -> SynthesisRequest:
-    return SynthesisRequest(text=text, voice="vivian", non_streaming_mode=False,
+    kwargs = kwargs or {"voice": "vivian"}
+    return SynthesisRequest(text=text, non_streaming_mode=False,
                             sampling=SamplingParams(temperature=0, max_new_tokens=60), **kwargs)
 
 
-async def whole(engine: AsyncTTSEngine, text: str) -> np.ndarray:
-    return np.concatenate([c.audio async for c in engine.generate(request(text))])
+async def whole(engine: AsyncTTSEngine, text: str, **kwargs) -> np.ndarray:
+    return np.concatenate([c.audio async for c in engine.generate(request(text, **kwargs))])
 
 
-async def streamed(engine: AsyncTTSEngine, pieces: list[str], delays: list[float], **kwargs):
-    async with await engine.open_text_stream(request(), **kwargs) as stream:
+async def streamed(engine: AsyncTTSEngine, pieces: list[str], delays: list[float], voice: dict | None = None,
+                   **kwargs):
+    async with await engine.open_text_stream(request(**(voice or {})), **kwargs) as stream:
         async def feed():
             for piece, delay in zip(pieces, delays):
                 await asyncio.sleep(delay)
@@ -80,4 +82,56 @@ def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_sta
             await stream.aclose()
             await stages_hold_nothing(engine)
             assert engine.requests == {}
+    asyncio.run(main())
+
+
+async def wait_for(condition, what: str) -> None:
+    """condition: an async function returning whether what the test waits for is there."""
+    for _ in range(100):
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(what)
+
+
+def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            async def parked():
+                return (await engine.stats())["talker"].rows_waiting_for_text == 1
+
+            async def healthy():
+                return engine.is_healthy
+
+            stream = await engine.open_text_stream(request())
+            await stream.append("Hello there, this row runs out of text ")
+            await wait_for(parked, "a row parked until more text comes")
+            engine.stages["talker"].process.kill()
+            with pytest.raises(StageDeadError):
+                async for _ in stream:
+                    pass
+            await stream.append("and this goes nowhere")  # the request is gone: nothing to send it to
+            await stream.aclose()
+            await wait_for(healthy, "the pipeline restarted")
+            await stages_hold_nothing(engine)
+    asyncio.run(main())
+
+
+def test_an_icl_prefill_waits_for_as_many_text_tokens_as_the_reference_has_frames():
+    ref = dict(ref_audio=str(FIXTURES / "ref_voice.wav"), ref_text=(FIXTURES / "ref_voice.txt").read_text())
+    text = TEXT + " " + TEXT
+
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny")) as engine:
+            async def waiting_prompt():
+                return (await engine.stats())["talker"].prompts_waiting_for_text == 1
+
+            expected = await whole(engine, text, **ref)
+            async with await engine.open_text_stream(request(**ref)) as stream:
+                await stream.append(text[:40])  # ~10 tokens: the reference has 43 frames
+                await wait_for(waiting_prompt, "a prompt waiting for text")
+                await stream.append(text[40:])
+                await stream.finish()
+                audio = np.concatenate([c.audio async for c in stream])
+            np.testing.assert_allclose(audio, expected, atol=1e-5, rtol=0)
     asyncio.run(main())

@@ -36,6 +36,10 @@ class ServerMetrics:
                                        registry=r)
         self.connector_chunks = Gauge("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring",
                                       registry=r)
+        self.waiting_for_text = Gauge(
+            "omni_tts_talker_waiting_for_text", "Text-stream requests waiting for text: before their prefill "
+            "(prefill: it needs the first text token; an ICL voice clone as many as its reference has frames), or "
+            "parked out of the batch until their next text token arrives (row)", ["waiting"], registry=r)
         self.stage_up = Gauge("omni_tts_stage_up", "1 while every stage process is alive", registry=r)
         self.restarts = Counter("omni_tts_pipeline_restarts", "Pipeline restarts, by the stage whose failure (exit, "
                                 "error, hang; orchestrator: its own task) caused them", ["stage"], registry=r)
@@ -50,6 +54,9 @@ class ServerMetrics:
             self.stage_steps.labels(name).set(s.num_steps)
             self.stage_requests.labels(name).set(len(s.request_ids))
             self.step_seconds.labels(name).set(s.step_seconds / s.num_steps if s.num_steps else 0.0)
+        if "talker" in stats:
+            self.waiting_for_text.labels("prefill").set(stats["talker"].prompts_waiting_for_text)
+            self.waiting_for_text.labels("row").set(stats["talker"].rows_waiting_for_text)
         if "code2wav" in stats:
             ring = stats["code2wav"]
             self.connector_chunks.set(ring.connector_chunks)
