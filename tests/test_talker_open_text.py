@@ -160,17 +160,23 @@ def test_text_arriving_late_gives_the_whole_texts_codes_dynamic_and_static(varia
     for i, p in enumerate(prepared):
         first = p.prompt.prefill_text_tokens
         plans.append(None if i % 3 == 2 else arrival_plan(rng, len(p.prompt.text_ids), first, join=i))
-    reference = run(tts, TalkerEngine(tts.talker, tts.config, 16, 300, 1024, 128), prepared, [None] * len(prepared))
+    assert assert_whole_texts_codes(tts, prepared, plans, max_rows=5) >= 2, "the arrivals must make rows wait"
+
+
+def assert_whole_texts_codes(tts, prepared, plans, max_rows: int) -> int:
+    """Run the plans on the dynamic and the static path; each request's codes must be its whole text's. Returns
+    the most rows parked at once."""
+    reference = run(tts, TalkerEngine(tts.talker, tts.config, 16, 160, 1024, 128), prepared, [None] * len(prepared))
+    most_parked = [0]
     for static in (False, True):
-        engine = TalkerEngine(tts.talker, tts.config, 5, 160, 1024, 128, static_shapes=static)
-        most_parked = [0]
+        engine = TalkerEngine(tts.talker, tts.config, max_rows, 160, 1024, 128, static_shapes=static)
         engine.runner.decode = checked_decode(engine, most_parked)
         codes = run(tts, engine, prepared, plans)
-        assert most_parked[0] >= 2, "the arrivals must make rows wait"
         for i in reference:
             assert len(reference[i]) > 0
             np.testing.assert_array_equal(codes[i], reference[i], err_msg=f"request {i}, static={static}")
         assert engine.stats().request_ids == []
+    return most_parked[0]
 
 
 def test_parked_rows_lie_beyond_a_full_buckets_padding(one_torch_thread):
@@ -181,12 +187,4 @@ def test_parked_rows_lie_beyond_a_full_buckets_padding(one_torch_thread):
                                  sampling=SamplingParams(temperature=0, max_new_tokens=24)) for i in range(8)]
     prepared = [tts.prepare(r) for r in requests]
     plans = [[(0, 2), (30, len(p.prompt.text_ids))] if i < 3 else None for i, p in enumerate(prepared)]
-    reference = run(tts, TalkerEngine(tts.talker, tts.config, 16, 160, 1024, 128), prepared, [None] * len(prepared))
-    for static in (False, True):
-        engine = TalkerEngine(tts.talker, tts.config, 8, 160, 1024, 128, static_shapes=static)
-        most_parked = [0]
-        engine.runner.decode = checked_decode(engine, most_parked)
-        codes = run(tts, engine, prepared, plans)
-        assert most_parked[0] == 3
-        for i in reference:
-            np.testing.assert_array_equal(codes[i], reference[i], err_msg=f"request {i}, static={static}")
+    assert assert_whole_texts_codes(tts, prepared, plans, max_rows=8) == 3

@@ -11,6 +11,7 @@ from omni_tts.config import load_stage_config
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut, StageDeadError
+from test_supervision import wait_until_no_stage_holds_requests
 
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
 
@@ -46,15 +47,6 @@ def cut(rng: random.Random, text: str) -> list[str]:
     return [text[a:b] for a, b in zip([0] + points, points + [len(text)])]
 
 
-async def stages_hold_nothing(engine: AsyncTTSEngine) -> None:
-    for _ in range(50):
-        stats = await engine.stats()
-        if not any(s.request_ids for s in stats.values()):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError({name: s.request_ids for name, s in stats.items()})
-
-
 def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_stages():
     async def main():
         async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
@@ -80,7 +72,7 @@ def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_sta
             await stream.append("Abandoned before its end, this one")
             await asyncio.sleep(0.5)
             await stream.aclose()
-            await stages_hold_nothing(engine)
+            await wait_until_no_stage_holds_requests(engine)
             assert engine.requests == {}
     asyncio.run(main())
 
@@ -113,7 +105,7 @@ def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
             await stream.append("and this goes nowhere")  # the request is gone: nothing to send it to
             await stream.aclose()
             await wait_for(healthy, "the pipeline restarted")
-            await stages_hold_nothing(engine)
+            await wait_until_no_stage_holds_requests(engine)
     asyncio.run(main())
 
 
