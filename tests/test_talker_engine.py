@@ -35,7 +35,8 @@ def test_scheduler_is_torch_free():
 
 
 def test_prefill_budget_admits_together_then_waits():
-    s = TalkerScheduler(max_rows=4, num_buffer_rows=5, max_model_len=1000, max_prefill_tokens=100, max_text_tokens=10, eos_token_id=EOS)
+    s = TalkerScheduler(max_rows=4, num_buffer_rows=5, max_model_len=1000, max_prefill_tokens=100, max_text_tokens=10,
+                        eos_token_id=EOS)
     for i, length in enumerate([30, 50, 40, 10]):
         s.add(fake_request(f"r{i}", length))
     first = s.schedule()
@@ -72,7 +73,8 @@ def test_finished_and_aborted_rows_are_filled_from_the_end():
 
 
 def test_limits_are_checked_at_add():
-    s = TalkerScheduler(max_rows=2, num_buffer_rows=3, max_model_len=100, max_prefill_tokens=100, max_text_tokens=2, eos_token_id=EOS)
+    s = TalkerScheduler(max_rows=2, num_buffer_rows=3, max_model_len=100, max_prefill_tokens=100, max_text_tokens=2,
+                        eos_token_id=EOS)
     with pytest.raises(ValueError, match="max_model_len"):
         s.add(fake_request("long", 100))
     request = fake_request("fits", 90, max_tokens=1000)

@@ -4,10 +4,11 @@ Each running request owns one row of preallocated buffers: its KV-cache row, las
 trailing-text rows (+ the tts_pad row after them), sampling state, and its slice of the step's output. A decode
 step reads and writes only those buffers, so with a fixed number of rows and attention slots it has fixed
 shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in free rows), which
-is what a CUDA graph needs. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1):
-parked rows (text not arrived) live at the top, where no bucket's padding reaches (talker_scheduler.py). On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
+is what a CUDA graph needs. On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
 all 15 code-predictor steps and sampling — and replayed; on CPU the same static path runs eagerly (tested to give
-the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync.
+the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync. The buffers hold
+`num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows (waiting for text) live at the
+top, where no bucket's padding reaches (talker_scheduler.py).
 """
 from __future__ import annotations
 

@@ -398,6 +398,8 @@ class AsyncTTSEngine:
     def _set_deadline(self, rid: str, state: _Request, name: str, at: float, message: str) -> None:
         """At loop time `at` the request fails with RequestTimedOut(message) (a deadline of that name is
         replaced)."""
+        if state.released:
+            return
         if name in state.deadlines:
             state.deadlines[name].cancel()
 
