@@ -31,7 +31,7 @@ from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessa
                                            SessionClose, SessionConfig, decode_json)
 from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import RequestError
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 
 from .server import (STATE, Admission, ServerState, build_synthesis_request, check_output, encode_chunk,
@@ -73,7 +73,7 @@ class SpeechSession:
     def __init__(self, state: ServerState, ws: web.WebSocketResponse) -> None:
         self.state, self.ws = state, ws
         self.config: SessionConfig | None = None
-        self.template = None            # the SynthesisRequest of the config, its text left empty
+        self.template: SynthesisRequest | None = None   # what the config asks for, its text left empty
         self.voice_key: str | None = None
         self.utterance: TokenUtterance | SplitUtterance | None = None
         self.utterance_index = 0
@@ -155,7 +155,7 @@ class SpeechSession:
         self.template, self.voice_key = await build_synthesis_request(self.state, config, "")
         self.config = config
 
-    def request(self, text: str):
+    def synthesis(self, text: str) -> SynthesisRequest:
         return dataclasses.replace(self.template, text=text)
 
     def generation_args(self) -> dict:
@@ -223,7 +223,7 @@ class TokenUtterance:
             session = self.session
             self.admission = Admission(session.state).__enter__()
             self.stream = await session.state.engine.open_text_stream(
-                session.request(""), idle_timeout=session.state.config.stream_idle_timeout,
+                session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout,
                 **session.generation_args())
             self.sender = asyncio.create_task(self._send_audio(self.admission))
             text = self.text
@@ -282,7 +282,7 @@ class SplitUtterance:
         check_text_length(text)
         session = self.session
         with Admission(session.state) as admission:
-            chunks = session.state.engine.generate(session.request(text), **session.generation_args())
+            chunks = session.state.engine.generate(session.synthesis(text), **session.generation_args())
             try:
                 await session.send_audio(chunks, self.num_requests, lambda: text, admission)
             finally:
