@@ -130,17 +130,23 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
         # exit without interpreter teardown: the control thread is blocked in zmq recv, and terminating its
         # context from here would wait for it (or trip zmq's assertions)
         os._exit(0)
-    except BaseException:
-        error = traceback.format_exc()
+    except BaseException as e:
         try:
-            ctx = zmq.Context.instance()
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(launch.event_address)
-            sock.send(msgspec.msgpack.encode(StageFailed(launch.stage, error)))
-            sock.close()
+            _report_failure(launch, StageFailed(launch.stage, traceback.format_exc(), f"{type(e).__name__}: {e}"))
         finally:
             os._exit(1)
+
+
+def _report_failure(launch: StageLaunch, failed: StageFailed) -> None:
+    """Send StageFailed and wait (up to a second) until it has left: os._exit right after a send would drop the
+    queued message, and the orchestrator would only see the process exit, not why."""
+    ctx = zmq.Context()  # its own: term() waits for this socket only, not the control thread's blocked recv
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(launch.event_address)
+    sock.send(msgspec.msgpack.encode(failed))
+    sock.close()
+    ctx.term()
 
 
 def _name_process(name: str) -> None:

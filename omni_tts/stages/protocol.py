@@ -78,8 +78,10 @@ class StageStats(msgspec.Struct, tag=True):
 
 
 class StageFailed(msgspec.Struct, tag=True):
+    """The stage's main loop raised; sent before the process exits."""
     stage: str
-    error: str
+    error: str                       # the traceback, for the log
+    message: str                     # "ExceptionType: text", for the failure reason users see
 
 
 class Heartbeat(msgspec.Struct, tag=True):
