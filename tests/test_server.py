@@ -1,12 +1,11 @@
 """The HTTP server as a real process on loopback: the official openai client, parity with offline synthesis,
-SSE, voices, health/models/metrics, and a table of bad requests."""
+SSE, voices, health/models/metrics, the ready line and access log, and a table of bad requests."""
 import base64
 import http.client
+import importlib.metadata
 import io
 import json
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import openai
@@ -15,26 +14,16 @@ import soundfile as sf
 
 from conftest import FIXTURES
 from omni_tts.audio.encoding import to_int16
+from omni_tts.config import load_stage_config, stage_threads
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from server_util import ServerProcess
+from server_util import ServerProcess, request
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 REF_WAV = FIXTURES / "ref_voice.wav"
 REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
-
-
-def request(url, payload=None, method=None, data=None, headers=None):
-    body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
-    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"),
-                                 headers=headers or ({"Content-Type": "application/json"} if body is not None else {}))
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def offline_pcm(variant, **kwargs):
@@ -191,6 +180,33 @@ def test_health_models_metrics(cv_server):
                    "omni_tts_queue_depth", "omni_tts_in_flight", "omni_tts_stage_step_seconds",
                    "omni_tts_connector_latency_seconds", "omni_tts_connector_chunks"):
         assert family in text, family
+
+
+def test_ready_line_access_log_and_version(cv_server):
+    """The ready line names the model, the served name, the URL and each stage; every request gets an access-log
+    line under its X-Request-Id (speech: audio seconds and time to first audio), which never holds the text."""
+    text = "Quartz zebras whisper seventeen secrets."
+    status, headers, body = request(cv_server.url + "/v1/audio/speech", dict(GREEDY, model=MODEL, voice="ryan",
+                                                                              input=text, response_format="pcm"))
+    assert status == 200
+    seconds = len(body) / 2 / 24000
+    status, version_headers, version = request(cv_server.url + "/version")
+    assert status == 200 and json.loads(version) == {"version": importlib.metadata.version("omni_tts")}
+    speech_line = f'{headers["X-Request-Id"]} 127.0.0.1 "POST /v1/audio/speech" 200 '
+    version_line = f'{version_headers["X-Request-Id"]} 127.0.0.1 "GET /version" 200 '
+    deadline = time.monotonic() + 5  # a line is written once its response has gone out
+    while version_line not in (output := cv_server.output()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ready = next(line for line in output.splitlines() if " ready: " in line)
+    threads = {stage: f"{n} torch thread{'s' if n > 1 else ''}"
+               for stage, n in stage_threads(load_stage_config("cpu_tiny")).items()}
+    assert (f"ready: serving {FIXTURES / 'tiny-custom-voice'} as '{MODEL}' at {cv_server.url}; "
+            f"talker on cpu (float32, max batch 32, {threads['talker']}); "
+            f"code2wav on cpu (float32, max batch 32, {threads['code2wav']})") in ready
+    access = next(line for line in output.splitlines() if speech_line in line)
+    assert f" audio={seconds:.3f}s ttfp=" in access and " INFO omni_tts.access: " in access
+    assert version_line in output
+    assert text not in output and "Quartz" not in output
 
 
 OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm")

@@ -92,6 +92,10 @@ class StagesConfig(_Config):
     talker: TalkerStageConfig
     code2wav: Code2WavStageConfig
 
+    def by_name(self) -> dict[str, TalkerStageConfig | Code2WavStageConfig]:
+        """The stages in pipeline order, by the names their processes and messages use."""
+        return {"talker": self.talker, "code2wav": self.code2wav}
+
 
 class ConnectorConfig(_Config):
     """Shared-memory chunk ring between talker and code2wav; a frame is one step's 16 codes."""

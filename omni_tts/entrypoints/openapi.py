@@ -143,6 +143,9 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
         "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics", "responses": {
             "200": {"description": "text exposition format",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/version": {"get": {"operationId": "version", "summary": "The server's version", "responses": {
+            "200": {"description": "the omni_tts package version", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}}}}}}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "responses": {
             "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
     }

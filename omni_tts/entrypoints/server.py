@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
 
 Routes: POST /v1/audio/speech, GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name}, GET /v1/models,
-GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work (tokenizer: single worker inside the engine;
-reference audio, encoding, base64: a small bounded pool) never runs on the loop.
+GET /health, GET /metrics, GET /version, GET /openapi.json (openapi.py). CPU work (tokenizer: single worker inside
+the engine; reference audio, encoding, base64: a small bounded pool) never runs on the loop. Each request gets an id
+(X-Request-Id, the engine's request id) and one access-log line (AccessLogger).
 """
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import aiohttp
 import numpy as np
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
+
+from omni_tts import package_version
 
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
 from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
@@ -56,6 +61,47 @@ class ServerConfig:
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", "ServerState")
+
+
+@dataclass
+class SpeechLog:
+    """What the access log tells of a speech request: never its text or audio."""
+    ttfp: float | None = None            # seconds from arrival to the first audio
+    audio_seconds: float | None = None   # of the whole answer, once it is finished
+
+
+REQUEST_ID = web.RequestKey("request_id", str)
+SPEECH_LOG = web.RequestKey("speech_log", SpeechLog)
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id: in the X-Request-Id response header, the access log and the engine (its request id)."""
+    if REQUEST_ID not in request:
+        request[REQUEST_ID] = uuid.uuid4().hex
+    return request[REQUEST_ID]
+
+
+async def send_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Request-Id"] = request_id(request)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request: id, client, method and path (no query string), status, seconds, and for speech the
+    audio's length and the time to its first audio."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        speech = request.get(SPEECH_LOG)
+        details = "" if speech is None else f" audio={_seconds(speech.audio_seconds)} ttfp={_seconds(speech.ttfp)}"
+        self.logger.info('%s %s "%s %s" %d %.3fs%s', request_id(request), request.remote, request.method,
+                         request.path, response.status, time, details)
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
 
 
 class ServerState:
@@ -139,6 +185,7 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
+    log = request[SPEECH_LOG] = SpeechLog()
     speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
     if speech.streaming and speech.response_format not in streamable_formats():
         raise ApiError(400, f"response_format '{speech.response_format}' cannot be streamed; use one of "
@@ -158,7 +205,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     stream = None
     try:
         synthesis, voice_key = await build_synthesis_request(state, speech)
-        stream = state.engine.generate(synthesis, output_dtype="float32",
+        stream = state.engine.generate(synthesis, request_id=request_id(request), output_dtype="float32",
                                        initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
                                        first_audio_timeout=state.config.first_audio_timeout,
                                        timeout=state.config.request_timeout)
@@ -174,10 +221,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             raise ApiError(500, f"speech generation failed: {e}") from None
         state.metrics.queue_depth.dec()
         waiting = False
-        state.metrics.ttfp.observe(time.monotonic() - arrived)
+        log.ttfp = time.monotonic() - arrived
+        state.metrics.ttfp.observe(log.ttfp)
         if not speech.streaming:
             try:
-                response = await respond_whole(state, speech, first, stream)
+                response = await respond_whole(request, state, speech, first, stream)
             except StageDeadError as e:
                 raise ApiError(503, str(e)) from None
             except RequestTimedOut as e:
@@ -277,21 +325,23 @@ def _usage_json(chunk: GenerationChunk) -> dict:
             "total_tokens": u.input_tokens + u.output_frames}
 
 
-def _record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+def _record_usage(request: web.Request, chunk: GenerationChunk, started: float) -> None:
+    request[SPEECH_LOG].audio_seconds = chunk.usage.audio_seconds
+    state = request.app[STATE]
     state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
     if chunk.usage.audio_seconds > 0:
         state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
 
 
-async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
                         stream: AsyncIterator[GenerationChunk]) -> web.Response:
     started = time.monotonic()
     parts, last = [], first
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
         last = chunk
-    _record_usage(state, last, started)
+    _record_usage(request, last, started)
     audio = np.concatenate(parts)
 
     def encode() -> bytes:
@@ -327,7 +377,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
             if chunk.audio.size:
                 await response.write(await encode_chunk(state, encoder, chunk.audio))
             if chunk.usage is not None:
-                _record_usage(state, chunk, started)
+                _record_usage(request, chunk, started)
     except (StageDeadError, RequestFailed) as e:
         # the status line went out long ago: end the connection without the chunked body's terminator, so the
         # client sees a truncated response instead of audio that merely stops (or a second response inside it)
@@ -366,7 +416,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                 if tail:
                     await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                 "response_format": speech.response_format})
-                _record_usage(state, chunk, started)
+                _record_usage(request, chunk, started)
                 await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
     except (StageDeadError, RequestFailed) as e:
         await send({"type": "speech.audio.error", "error": {"message": str(e), "type": "server_error",
@@ -471,6 +521,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
 
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.metrics.observe_stages(await state.stage_stats(), state.engine.is_healthy, state.engine.restarts)
@@ -514,6 +568,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
             await engine.shutdown()
 
     app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(send_request_id)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
         web.get("/v1/audio/voices", list_voices),
@@ -522,6 +577,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/v1/models", list_models),
         web.get("/health", health),
         web.get("/metrics", metrics),
+        web.get("/version", version),
         openapi_route(config.served_model_name, api_key_required=config.api_key is not None),
     ])
     return app

@@ -34,6 +34,7 @@ from typing import AsyncIterator, Callable
 
 import msgspec
 import numpy as np
+import torch
 import zmq
 import zmq.asyncio
 
@@ -124,11 +125,15 @@ class AsyncTTSEngine:
         self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
         self.max_restarts, self.restart_window = max_restarts, restart_window
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
+        check_devices(pipeline)
         self.threads = stage_threads(pipeline)
+        talker, code2wav = pipeline.stages.talker, pipeline.stages.code2wav
+        # requests each stage runs together: the talker is also bounded by its KV cache rows
+        self.batch_sizes = {"talker": min(talker.max_batch_size, talker.num_cache_rows),
+                            "code2wav": code2wav.max_batch_size}
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
         self.generation_config = read_json(gen_path) if os.path.isfile(gen_path) else {}
-        talker = pipeline.stages.talker
         self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir),
                                      PromptLimits(talker.max_text_tokens, talker.max_model_len))
         self.tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omni-tts-tokenizer")
@@ -191,11 +196,11 @@ class AsyncTTSEngine:
                                  ("code2wav", code2wav_stage.main, stages.code2wav)):
             address = f"ipc://{self._ipc_dir}/{name}"
             launch = StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
-                                 max_batch_size=(min(cfg.max_batch_size, cfg.num_cache_rows) if name == "talker"
-                                                 else cfg.max_batch_size),
+                                 max_batch_size=self.batch_sizes[name],
                                  command_address=address, event_address=event_address, ring=self._ring.spec,
                                  initial_chunk_frames=conn.initial_codec_chunk_frames,
                                  chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
+                                 log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
                                  **({"max_model_len": cfg.max_model_len,
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
@@ -546,6 +551,19 @@ class AsyncTTSEngine:
         for state in self.requests.values():
             state.queue.put_nowait(error)
         self.requests.clear()
+
+
+def check_devices(pipeline: PipelineConfig) -> None:
+    """ValueError naming every stage whose device this machine lacks (before any process is spawned for it)."""
+    num_cuda = torch.cuda.device_count()
+    missing: dict[str, list[str]] = {}
+    for name, cfg in pipeline.stages.by_name().items():
+        if cfg.device.startswith("cuda") and int(cfg.device.partition(":")[2] or 0) >= num_cuda:
+            missing.setdefault(cfg.device, []).append(name)
+    if missing:
+        found = f"{num_cuda} CUDA device{'s' if num_cuda > 1 else ''}" if num_cuda else "no CUDA device"
+        raise ValueError("; ".join(f"device {device} of stage {', '.join(names)} does not exist"
+                                   for device, names in missing.items()) + f" (torch sees {found})")
 
 
 def exit_description(process: multiprocessing.Process) -> str:

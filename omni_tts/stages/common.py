@@ -19,6 +19,7 @@ import zmq
 
 from omni_tts.config.threads import set_torch_threads
 from omni_tts.connectors.shm_ring import cleanup_stale_segments
+from omni_tts.log import configure_logging
 
 from .protocol import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
 
@@ -116,9 +117,7 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
     _name_process(f"omni-tts-{launch.stage}")
-    # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("omni_tts").setLevel(logging.INFO)
+    configure_logging(launch.log_level)  # a spawned process inherits no logging config
     if launch.device == "cpu":
         os.nice(CPU_STAGE_NICENESS[launch.stage])
     set_torch_threads(launch.threads)

@@ -113,3 +113,4 @@ class StageLaunch(msgspec.Struct):
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     lent_threads: int = 0            # code2wav: more threads while the talker generates for none of its requests
     max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start
+    log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
