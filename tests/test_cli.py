@@ -1,9 +1,11 @@
-"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, and every way `serve` can fail
-before it serves — a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while
-it starts — each one line on stderr and a non-zero exit, without a traceback."""
+"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, every way `serve` can fail before
+it serves — a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it
+starts — each one line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
 import importlib.metadata
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from safetensors import safe_open
 
 from conftest import FIXTURES
 from omni_tts.entrypoints.cli import main
-from server_util import free_port
+from server_util import ServerProcess, free_port, stage_pids
 
 CLI = [sys.executable, "-m", "omni_tts.entrypoints.cli"]
 
@@ -105,3 +107,15 @@ def test_stage_that_raises_at_start_reports_its_own_error(tmp_path):
     result = run_cli("serve", "--port", str(free_port()), "--model", str(model), "--log-level", "warning")
     assert_one_line_error(result, 1, "the pipeline did not start: stage ")
     assert f"failed: {own_error}\n" in result.stderr
+
+
+def test_ctrl_c_stops_the_server_and_its_stages_quietly():
+    """Ctrl+C in a terminal sends SIGINT to the whole process group, the stages included: the server shuts them
+    down itself, none dies of the signal (no traceback, no restart), and it exits 0."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"))
+    pids = stage_pids(server.proc.pid)
+    for pid in [server.proc.pid, *pids]:
+        os.kill(pid, signal.SIGINT)
+    assert server.proc.wait(30) == 0
+    output = server.output()
+    assert "Traceback" not in output and "failed" not in output, output

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -115,6 +116,8 @@ class StageIO:
 
 def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
+    # Ctrl+C in a terminal signals the whole process group; the server stops its stages itself (Shutdown)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
     _name_process(f"omni-tts-{launch.stage}")
     configure_logging(launch.log_level)  # a spawned process inherits no logging config
