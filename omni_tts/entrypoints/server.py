@@ -25,7 +25,6 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
 from omni_tts import package_version
-
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
 from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
@@ -89,11 +88,11 @@ class AccessLogger(AbstractAccessLogger):
     """One line per request: id, client, method and path (no query string), status, seconds, and for speech the
     audio's length and the time to its first audio."""
 
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, seconds: float) -> None:
         speech = request.get(SPEECH_LOG)
         details = "" if speech is None else f" audio={_seconds(speech.audio_seconds)} ttfp={_seconds(speech.ttfp)}"
         self.logger.info('%s %s "%s %s" %d %.3fs%s', request_id(request), request.remote, request.method,
-                         request.path, response.status, time, details)
+                         request.path, response.status, seconds, details)
 
     @property
     def enabled(self) -> bool:
