@@ -186,11 +186,7 @@ def test_health_models_metrics(cv_server):
     status, _, body = request(cv_server.url + "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
     status, _, body = request(cv_server.url + "/metrics")
-    text = body.decode()
-    for family in ("omni_tts_requests_total", "omni_tts_ttfp_seconds", "omni_tts_rtf", "omni_tts_audio_seconds_total",
-                   "omni_tts_queue_depth", "omni_tts_in_flight", "omni_tts_stage_step_seconds",
-                   "omni_tts_connector_latency_seconds", "omni_tts_connector_chunks"):
-        assert family in text, family
+    assert status == 200 and "omni_tts_requests_total" in body.decode()  # the families: test_metrics.py
 
 
 OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm")

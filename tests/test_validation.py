@@ -187,7 +187,8 @@ def test_concurrent_scrapes_all_get_the_stage_figures_quickly(server):
             results = list(pool.map(lambda _: scrape(), range(5)))
         for took, text in results:
             assert took < 1.5, took  # a lost answer waits out the 2 s stats timeout
-            assert 'omni_tts_stage_steps{stage="talker"}' in text and 'omni_tts_stage_steps{stage="code2wav"}' in text
+            assert 'omni_tts_stage_steps_total{stage="talker"}' in text
+            assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
 
 
 def test_ref_text_beyond_the_talkers_limit_is_400(base_server):

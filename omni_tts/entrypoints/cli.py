@@ -83,6 +83,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    import prometheus_client
     import torch
     from aiohttp import web
 
@@ -112,6 +113,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
+    # own (`…_created`, unit-less): noise beside the conventional names of /metrics
+    prometheus_client.disable_created_metrics()
     if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0):
         raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout and --request-timeout must be > 0")
     if args.max_restarts < 0:

@@ -177,7 +177,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         state.metrics.ttfp.observe(time.monotonic() - arrived)
         if not speech.streaming:
             try:
-                response = await respond_whole(state, speech, first, stream)
+                response = await respond_whole(state, speech, first, stream, arrived)
             except StageDeadError as e:
                 raise ApiError(503, str(e)) from None
             except RequestTimedOut as e:
@@ -185,9 +185,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             except RequestFailed as e:
                 raise ApiError(500, f"speech generation failed: {e}") from None
         elif speech.stream_format == "sse":
-            response = await respond_sse(request, state, speech, first, stream)
+            response = await respond_sse(request, state, speech, first, stream, arrived)
         else:
-            response = await respond_audio_stream(request, state, speech, first, stream)
+            response = await respond_audio_stream(request, state, speech, first, stream, arrived)
         return response
     finally:
         if stream is not None:
@@ -277,21 +277,23 @@ def _usage_json(chunk: GenerationChunk) -> dict:
             "total_tokens": u.input_tokens + u.output_frames}
 
 
-def _record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+def _record_usage(state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+    """At a request's last audio: its outcome, and its latency and real-time factor counted from its arrival."""
     state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
+    latency = time.monotonic() - arrived
+    state.metrics.e2e_latency.observe(latency)
     if chunk.usage.audio_seconds > 0:
-        state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
+        state.metrics.real_time_factor.observe(latency / chunk.usage.audio_seconds)
 
 
 async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                        stream: AsyncIterator[GenerationChunk]) -> web.Response:
-    started = time.monotonic()
+                        stream: AsyncIterator[GenerationChunk], arrived: float) -> web.Response:
     parts, last = [], first
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
         last = chunk
-    _record_usage(state, last, started)
+    _record_usage(state, last, arrived)
     audio = np.concatenate(parts)
 
     def encode() -> bytes:
@@ -313,8 +315,8 @@ async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
-                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
-    started = time.monotonic()
+                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk],
+                               arrived: float) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": content_type(speech.response_format)})
     response.enable_chunked_encoding()
     await response.prepare(request)
@@ -327,7 +329,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
             if chunk.audio.size:
                 await response.write(await encode_chunk(state, encoder, chunk.audio))
             if chunk.usage is not None:
-                _record_usage(state, chunk, started)
+                _record_usage(state, chunk, arrived)
     except (StageDeadError, RequestFailed) as e:
         # the status line went out long ago: end the connection without the chunked body's terminator, so the
         # client sees a truncated response instead of audio that merely stops (or a second response inside it)
@@ -343,8 +345,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
 
 
 async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                      stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
-    started = time.monotonic()
+                      stream: AsyncIterator[GenerationChunk], arrived: float) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
@@ -366,7 +367,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                 if tail:
                     await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                 "response_format": speech.response_format})
-                _record_usage(state, chunk, started)
+                _record_usage(state, chunk, arrived)
                 await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
     except (StageDeadError, RequestFailed) as e:
         await send({"type": "speech.audio.error", "error": {"message": str(e), "type": "server_error",
