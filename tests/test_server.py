@@ -126,8 +126,10 @@ def test_non_streaming_formats_and_speed(cv_server):
         assert status == 200 and headers["Content-Type"].startswith(ctype), (fmt, status, body[:200])
         assert len(body) > 100
     status, _, normal = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm"))
-    status, _, fast = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm", speed=2.0))
+    status, headers, fast = request(cv_server.url + "/v1/audio/speech",
+                                    dict(payload, response_format="pcm", speed=2.0))
     assert status == 200 and abs(len(fast) / len(normal) - 0.5) < 0.05
+    assert float(headers["x-omni-tts-audio-seconds"]) == pytest.approx(len(fast) / 2 / 24000, abs=5e-4)  # after speed
 
 
 @pytest.mark.parametrize("variant,kwargs", [

@@ -86,6 +86,10 @@ def _speech_request_schemas(served_model_name: str) -> dict:
     return schemas
 
 
+def _header(description: str, schema_type: str = "string") -> dict:
+    return {"description": description, "schema": {"type": schema_type}}
+
+
 def _speech_operation() -> dict:
     audio = {content_type(fmt): {"schema": {"type": "string", "contentMediaType": content_type(fmt)}}
              for fmt in get_args(ResponseFormat)}
@@ -97,7 +101,15 @@ def _speech_operation() -> dict:
                         "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechRequest"}}}},
         "responses": {
             "200": {"description": "the audio: whole, a chunked stream, or SSE speech.audio.delta events",
-                    "content": audio | sse},
+                    "content": audio | sse,
+                    "headers": {
+                        "x-omni-tts-audio-seconds": _header("whole-file responses: the audio's duration in seconds "
+                                                            "(after `speed`)", "number"),
+                        "x-omni-tts-finish-reason": _header("whole-file responses: stop (the end token) or length "
+                                                            "(a frame budget ended it)"),
+                        "x-omni-tts-input-tokens": _header("whole-file responses: prompt tokens", "integer"),
+                        "x-omni-tts-output-tokens": _header("whole-file responses: codec frames generated",
+                                                            "integer")}},
             "400": _error("invalid request (the field is named in `param`)"),
             "404": _error("the model is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),

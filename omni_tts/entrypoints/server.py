@@ -296,15 +296,16 @@ async def respond_whole(state: ServerState, speech: SpeechRequest, first: Genera
     _record_usage(state, last, arrived)
     audio = np.concatenate(parts)
 
-    def encode() -> bytes:
+    def encode() -> tuple[bytes, int]:
         samples = change_speed(audio, speech.speed, SAMPLE_RATE) if speech.speed != 1.0 else audio
-        return encode_audio(samples, SAMPLE_RATE, speech.response_format)
+        return encode_audio(samples, SAMPLE_RATE, speech.response_format), samples.shape[0]
 
-    data = await state.run(encode)
+    data, num_samples = await state.run(encode)
     usage = _usage_json(last)
     return web.Response(body=data, content_type=content_type(speech.response_format), headers={
         "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
-        "x-omni-tts-finish-reason": last.usage.finish_reason})
+        "x-omni-tts-finish-reason": last.usage.finish_reason,
+        "x-omni-tts-audio-seconds": f"{num_samples / SAMPLE_RATE:.3f}"})  # after `speed`: what the body holds
 
 
 async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
