@@ -4,6 +4,9 @@ import base64
 import http.client
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +21,7 @@ from omni_tts.audio.encoding import to_int16
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from server_util import ServerProcess
+from server_util import ServerProcess, free_port
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -132,6 +135,55 @@ def test_non_streaming_formats_and_speed(cv_server):
     assert float(headers["x-omni-tts-audio-seconds"]) == pytest.approx(len(fast) / 2 / 24000, abs=5e-4)  # after speed
 
 
+def test_openai_model_and_voice_names(client, cv_server):
+    """What OpenAI clients send: tts-1 / gpt-4o-mini-tts are this model, alloy is the speaker vivian (names.py)."""
+    expected = offline_pcm("tiny-custom-voice", text="OpenAI names.", voice="vivian")
+    for model in ("tts-1", "gpt-4o-mini-tts"):
+        response = client.audio.speech.with_raw_response.create(model=model, voice="alloy", input="OpenAI names.",
+                                                                response_format="pcm", extra_body=GREEDY)
+        assert_pcm_close(response.content, expected)
+        assert float(response.headers["x-omni-tts-audio-seconds"]) == pytest.approx(
+            expected.shape[0] / 24000, abs=5e-4)
+        assert response.headers["x-omni-tts-finish-reason"] in ("stop", "length")
+        assert "x-omni-tts-voice-ignored" not in response.headers
+    assert [m.id for m in client.models.list().data] == [MODEL, "tts-1", "tts-1-hd", "gpt-4o-mini-tts",
+                                                         "gpt-4o-mini-tts-2025-12-15"]
+    voices = json.loads(request(cv_server.url + "/v1/audio/voices")[2])
+    assert voices["voice_aliases"]["alloy"] == "vivian" and voices["voice_aliases"]["onyx"] == "uncle_fu"
+    assert set(voices["voice_aliases"].values()) <= set(voices["voices"])
+
+
+def test_default_name_default_voice_and_no_aliases():
+    """--model as typed (relative, trailing slash) → served as the folder's name; --no-openai-aliases → tts-1 is
+    404; --default-voice (an OpenAI name) speaks requests that name no voice."""
+    server = ServerProcess("--model", os.path.relpath(FIXTURES / "tiny-custom-voice") + "/", "--no-openai-aliases",
+                           "--default-voice", "alloy")
+    try:
+        assert [m["id"] for m in json.loads(request(server.url + "/v1/models")[2])["data"]] == ["tiny-custom-voice"]
+        document = json.loads(request(server.url + "/openapi.json")[2])
+        assert document["components"]["schemas"]["SpeechRequest"]["properties"]["model"]["enum"] == [
+            "tiny-custom-voice"]
+        status, _, body = request(server.url + "/v1/audio/speech", dict(OK, model="tts-1"))
+        assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+        expected = offline_pcm("tiny-custom-voice", text="No voice given.", voice="vivian")
+        status, _, pcm = request(server.url + "/v1/audio/speech", dict(
+            GREEDY, model="tiny-custom-voice", input="No voice given.", response_format="pcm"))
+        assert status == 200
+        assert_pcm_close(pcm, expected)
+    finally:
+        server.stop()
+
+
+def test_a_default_voice_the_checkpoint_lacks_stops_the_start():
+    for checkpoint, flag, message in (("tiny-custom-voice", "nobody", "--default-voice 'nobody' is not a voice"),
+                                      ("tiny-voice-design", "alloy", "--default-voice needs a CustomVoice")):
+        done = subprocess.run([sys.executable, "-m", "omni_tts.entrypoints.cli", "serve", "--model",
+                               str(FIXTURES / checkpoint), "--default-voice", flag, "--port", str(free_port())],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("variant,kwargs", [
     ("tiny-voice-design", {"input": "Designed voice.", "instructions": "A calm, deep voice.", "language": "english"}),
 ])
@@ -145,6 +197,16 @@ def test_voice_design_parity_streaming_and_not(variant, kwargs):
             status, _, body = request(server.url + "/v1/audio/speech", dict(payload, **extra))
             assert status == 200
             assert_pcm_close(body, expected)
+        # the openai SDK always sends a voice: ignored, and said so, whole or streamed
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        sdk_args = dict(model="tts-1", voice="alloy", input=kwargs["input"], instructions=kwargs["instructions"],
+                        response_format="pcm", extra_body=dict(GREEDY, language=kwargs["language"]))
+        response = client.audio.speech.with_raw_response.create(**sdk_args)
+        assert response.headers["x-omni-tts-voice-ignored"] == "alloy"
+        assert_pcm_close(response.content, expected)
+        with client.audio.speech.with_streaming_response.create(**sdk_args, stream_format="audio") as streamed:
+            assert streamed.headers["x-omni-tts-voice-ignored"] == "alloy"
+            assert_pcm_close(streamed.read(), expected)
     finally:
         server.stop()
 
@@ -200,8 +262,8 @@ BAD_REQUESTS = [
     ("unknown field", dict(OK, colour="blue"), 400, "unknown field 'colour'"),
     ("empty input", dict(OK, input="   "), 400, "input must not be empty"),
     ("input too long", dict(OK, input="a" * 4097), 400, "invalid 'input'"),
-    ("wrong model", dict(OK, model="tts-1"), 404, "model 'tts-1' is not served"),
-    ("unknown voice", dict(OK, voice="alloy"), 400, "unknown voice 'alloy'"),
+    ("wrong model", dict(OK, model="whisper-1"), 404, "model 'whisper-1' is not served"),
+    ("unknown voice", dict(OK, voice="nobody"), 400, "unknown voice 'nobody'"),
     ("voice object unknown", dict(OK, voice={"id": "nobody"}), 400, "unknown voice 'nobody'"),
     ("missing voice", {k: v for k, v in OK.items() if k != "voice"}, 400, "voice is required"),
     ("bad response_format", dict(OK, response_format="ogg"), 400, "invalid 'response_format'"),

@@ -365,6 +365,7 @@ def test_voice_store_lifecycle(tmp_path):
                                "file_size": len(CLIP), "mime_type": "audio/wav",
                                "duration_s": round(len(CLIP_WAV) / 24000, 3), "consent": "yes"}
     assert record_of(store, "fox") == first and record_of(store, "FOX") == first and store.load("fo") is None
+    assert "fox" in store and "FOX" in store and "fo" not in store
     record, samples = store.load("fox")
     np.testing.assert_array_equal(samples, CLIP_WAV)
     assert store.load("fox")[1] is samples and not samples.flags.writeable  # cached, shared, read-only

@@ -55,7 +55,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                           "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the `model` value clients send (default: the model's name)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the `model` values clients send; the first is the primary, listed first in /v1/models "
+                        "(default: the checkpoint folder's name)")
+    p.add_argument("--no-openai-aliases", dest="openai_aliases", action="store_false",
+                   help="do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, gpt-4o-mini-tts, "
+                        "gpt-4o-mini-tts-2025-12-15)")
+    p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
+                                           "OpenAI voice name (default: such requests are refused)")
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
@@ -89,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from omni_tts.audio.ref_audio import UrlPolicy
     from omni_tts.config import load_stage_config, set_torch_threads
+    from omni_tts.entrypoints.names import default_served_model_name
     from omni_tts.entrypoints.server import ServerConfig, build_app
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
@@ -106,7 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     pipeline = load_stage_config(args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny"))
-    name = args.served_model_name or (args.model or os.path.basename(model_dir.rstrip("/")))
+    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -125,12 +133,13 @@ def _serve(args: argparse.Namespace) -> int:
     # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     app = build_app(engine, ServerConfig(
-        served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
+        served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
+        max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=args.api_key or None,
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout))
     logging.getLogger("omni_tts").setLevel(logging.INFO)
-    print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
+    print(f"omni-tts: serving {model_dir} as '{names[0]}' on http://{args.host}:{args.port} (torch threads: "
           f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
     if engine.fatal is not None:

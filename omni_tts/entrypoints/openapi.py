@@ -1,19 +1,22 @@
 """The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
 
 The speech request schema is derived from `SpeechRequest` (msgspec), so the document states exactly what the
-server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed to the one served model, which
-the server enforces (404 otherwise). tests/test_openapi.py checks that every route of the app is documented, and
-tests/test_fuzz.py drives the server with inputs generated from this document.
+server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed to the names the server
+answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
+every route of the app is documented, and tests/test_fuzz.py drives the server with inputs generated from this
+document.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import get_args
 
 import msgspec
 from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
+from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
 from omni_tts.entrypoints.protocol import ResponseFormat, SpeechRequest
 from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
 
@@ -42,7 +45,9 @@ _VOICE = {
                    "consent": {"type": ["string", "null"]}}}
 _VOICE_LIST = {"type": "object", "required": ["voices", "uploaded_voices"], "properties": {
     "voices": {"type": "array", "items": {"type": "string"}},
-    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}}}}
+    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}},
+    "voice_aliases": {"type": "object", "additionalProperties": {"type": "string"},
+                      "description": "CustomVoice: the speaker each OpenAI voice name stands for"}}}
 _VOICE_UPLOAD = {  # the multipart form read by server.read_voice_form
     "type": "object", "required": ["name", "audio_sample"],
     "properties": {
@@ -59,7 +64,9 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
                                         "properties": {"id": {"type": "string"}, "object": {"const": "model"},
                                                        "created": {"type": "integer"},
-                                                       "owned_by": {"type": "string"}}}}}}
+                                                       "owned_by": {"type": "string"},
+                                                       "root": {"type": "string",
+                                                                "description": "the primary name"}}}}}}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
           "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
 _SPEECH_EVENT_DATA = {"oneOf": [
@@ -80,9 +87,9 @@ _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "stage": {"type": "string", "description": "the failed stage"}}}
 
 
-def _speech_request_schemas(served_model_name: str) -> dict:
+def _speech_request_schemas(model_names: Sequence[str]) -> dict:
     _, schemas = msgspec.json.schema_components([SpeechRequest], ref_template=_SCHEMAS + "{name}")
-    schemas["SpeechRequest"]["properties"]["model"]["enum"] = [served_model_name]
+    schemas["SpeechRequest"]["properties"]["model"]["enum"] = list(model_names)
     return schemas
 
 
@@ -109,7 +116,9 @@ def _speech_operation() -> dict:
                                                             "(a frame budget ended it)"),
                         "x-omni-tts-input-tokens": _header("whole-file responses: prompt tokens", "integer"),
                         "x-omni-tts-output-tokens": _header("whole-file responses: codec frames generated",
-                                                            "integer")}},
+                                                            "integer"),
+                        VOICE_IGNORED_HEADER: _header("the request's voice, which this checkpoint ignores "
+                                                      "(VoiceDesign; Base beside ref_audio)")}},
             "400": _error("invalid request (the field is named in `param`)"),
             "404": _error("the model is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),
@@ -118,8 +127,8 @@ def _speech_operation() -> dict:
             "503": _error("a stage is down and restarting; see Retry-After")}}
 
 
-def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
-    """The document for an app serving `served_model_name`; with `api_key_required` every route but /health
+def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict:
+    """The document for an app answering to `model_names`; with `api_key_required` every route but /health
     declares the bearer scheme and its 401."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
@@ -148,7 +157,8 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
                                "properties": {"success": {"const": True}, "name": {"type": "string"}}}}}},
                            "404": _error("no such voice, or voice uploads are disabled")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
-                               "responses": {"200": _json("ModelList", "one model")}}},
+                               "responses": {"200": _json("ModelList", "one entry per name the server answers "
+                                                                       "to, the primary first")}}},
         "/health": {"get": {"operationId": "health", "summary": "Liveness of the pipeline", "security": [],
                             "responses": {"200": _json("Health", "serving"),
                                           "503": _json("Health", "a stage is down (named in `stage`)")}}},
@@ -164,7 +174,7 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
                  "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
                                 "envelope (ErrorResponse)."},
         "paths": paths,
-        "components": {"schemas": _speech_request_schemas(served_model_name) | {
+        "components": {"schemas": _speech_request_schemas(model_names) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
             "VoiceUpload": _VOICE_UPLOAD, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
             "SpeechEvent": _SPEECH_EVENT}},
@@ -179,9 +189,9 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
     return document
 
 
-def openapi_route(served_model_name: str, api_key_required: bool) -> web.RouteDef:
+def openapi_route(model_names: Sequence[str], api_key_required: bool) -> web.RouteDef:
     """GET /openapi.json, answering the document serialized once."""
-    body = json.dumps(openapi_document(served_model_name, api_key_required)).encode()
+    body = json.dumps(openapi_document(model_names, api_key_required)).encode()
 
     async def serve_openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")

@@ -25,6 +25,8 @@ from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_
 from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
+from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
+                                        unknown_uploaded_voice)
 from omni_tts.entrypoints.openapi import openapi_route
 from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
@@ -41,7 +43,9 @@ MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
 
 @dataclass
 class ServerConfig:
-    served_model_name: str
+    served_model_names: tuple[str, ...]        # the `model` values clients send; the first is the primary
+    openai_model_aliases: bool = True          # also answer to OpenAI's TTS model names (names.OPENAI_TTS_MODELS)
+    default_voice: str | None = None           # CustomVoice: the voice of a request that names none
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
     allowed_local_media_path: str | None = None
@@ -52,6 +56,10 @@ class ServerConfig:
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return accepted_model_names(self.served_model_names, self.openai_model_aliases)
+
 
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
 CONFIG = web.AppKey("config", ServerConfig)
@@ -59,8 +67,8 @@ STATE = web.AppKey("state", "ServerState")
 
 
 class ServerState:
-    def __init__(self, engine: AsyncTTSEngine, config: ServerConfig) -> None:
-        self.engine, self.config = engine, config
+    def __init__(self, engine: AsyncTTSEngine, config: ServerConfig, voice_names: VoiceNames) -> None:
+        self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voices = (VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir
@@ -146,6 +154,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     if speech.streaming and speech.speed != 1.0:
         raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
                             "utterance); send a non-streaming request to change the speed", "speed")
+    voice = check_speech_request(state, speech)
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     if state.admitted >= state.config.max_queue:
         raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
@@ -156,8 +165,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state.metrics.queue_depth.inc()
     waiting = True
     stream = None
+    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     try:
-        synthesis, voice_key = await build_synthesis_request(state, speech)
+        synthesis, voice_key = await build_synthesis_request(state, speech, voice)
         stream = state.engine.generate(synthesis, output_dtype="float32",
                                        initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
                                        first_audio_timeout=state.config.first_audio_timeout,
@@ -177,7 +187,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         state.metrics.ttfp.observe(time.monotonic() - arrived)
         if not speech.streaming:
             try:
-                response = await respond_whole(state, speech, first, stream, arrived)
+                response = await respond_whole(state, speech, first, stream, arrived, headers)
             except StageDeadError as e:
                 raise ApiError(503, str(e)) from None
             except RequestTimedOut as e:
@@ -185,9 +195,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             except RequestFailed as e:
                 raise ApiError(500, f"speech generation failed: {e}") from None
         elif speech.stream_format == "sse":
-            response = await respond_sse(request, state, speech, first, stream, arrived)
+            response = await respond_sse(request, state, speech, first, stream, arrived, headers)
         else:
-            response = await respond_audio_stream(request, state, speech, first, stream, arrived)
+            response = await respond_audio_stream(request, state, speech, first, stream, arrived, headers)
         return response
     finally:
         if stream is not None:
@@ -206,54 +216,51 @@ def unavailable_message(engine: AsyncTTSEngine) -> str:
     return "the pipeline is not running"
 
 
-async def build_synthesis_request(state: ServerState, speech: SpeechRequest) -> tuple[SynthesisRequest, str | None]:
-    """The engine request, and the uploaded voice's version key when ref_audio comes from one."""
-    engine = state.engine
-    model_type = engine.config.tts_model_type
-    if speech.model != state.config.served_model_name:
+def check_speech_request(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
+    """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
+    the fields this checkpoint cannot take."""
+    config = state.engine.config
+    if speech.model not in state.config.model_names:
         raise ApiError(404, f"model '{speech.model}' is not served here; available: "
-                            f"{state.config.served_model_name}", "model", "model_not_found")
+                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
     if not speech.input.strip():
         raise ApiError(400, "input must not be empty", "input")
-    if speech.instructions and model_type == "custom_voice" and engine.config.tts_model_size == "0b6":
+    if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
-    voice, ref_audio, ref_text, voice_key = speech.voice_name, None, speech.ref_text, None
-    x_vector_only = speech.x_vector_only_mode
-    if model_type == "base":
-        if speech.ref_audio is not None and voice is not None:
-            raise ApiError(400, "give either voice (an uploaded voice) or ref_audio, not both", "voice")
-        if speech.ref_audio is not None:
-            try:
-                samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
-                                                allowed_local_path=state.config.allowed_local_media_path)
-                ref_audio = (samples, SAMPLE_RATE)
-            except RefAudioError as e:
-                raise ApiError(e.status, str(e), "ref_audio") from None
-        elif voice is not None:
-            try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
-                loaded = await state.run(state.voices.load, voice) if state.voices else None
-            except VoiceError as e:
-                raise ApiError(e.status, str(e), "voice") from None
-            if loaded is None:
-                raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
-                                    "ref_audio", "voice")
-            record, samples = loaded
-            ref_audio = (samples, SAMPLE_RATE)
-            voice_key = record.version_key
-            if ref_text is None:
-                ref_text = record.ref_text
-            x_vector_only = x_vector_only or not ref_text
-        else:
-            raise ApiError(400, "Base (voice clone) models need ref_audio or the name of an uploaded voice", "ref_audio")
-        voice = None
-    elif model_type == "voice_design" and voice is not None:
-        raise ApiError(400, "VoiceDesign models take no voice: describe it in instructions", "voice")
-    elif model_type == "custom_voice" and voice is None:
-        raise ApiError(400, f"voice is required; available: {', '.join(engine.prompts.speakers)}", "voice")
-    if speech.ref_audio is not None and model_type != "base":
+    if speech.ref_audio is not None and config.tts_model_type != "base":
         raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+    voices = state.voices
+    return state.voice_names.choose(speech.voice_name, speech.ref_audio is not None,
+                                    lambda name: voices is not None and name in voices)
+
+
+async def build_synthesis_request(state: ServerState, speech: SpeechRequest,
+                                  voice: VoiceChoice) -> tuple[SynthesisRequest, str | None]:
+    """The engine request, and the uploaded voice's version key when ref_audio comes from one."""
+    ref_audio, ref_text, voice_key = None, speech.ref_text, None
+    x_vector_only = speech.x_vector_only_mode
+    if speech.ref_audio is not None:
+        try:
+            samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
+                                            allowed_local_path=state.config.allowed_local_media_path)
+            ref_audio = (samples, SAMPLE_RATE)
+        except RefAudioError as e:
+            raise ApiError(e.status, str(e), "ref_audio") from None
+    elif voice.uploaded is not None:
+        try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
+            loaded = await state.run(state.voices.load, voice.uploaded)
+        except VoiceError as e:
+            raise ApiError(e.status, str(e), "voice") from None
+        if loaded is None:  # deleted since the request was checked
+            raise unknown_uploaded_voice(voice.uploaded)
+        record, samples = loaded
+        ref_audio = (samples, SAMPLE_RATE)
+        voice_key = record.version_key
+        if ref_text is None:
+            ref_text = record.ref_text
+        x_vector_only = x_vector_only or not ref_text
     synthesis = SynthesisRequest(
-        text=speech.input, task_type=speech.task_type, voice=voice, language=speech.language,
+        text=speech.input, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams(temperature=speech.temperature, top_k=speech.top_k, top_p=speech.top_p,
@@ -288,7 +295,8 @@ def _record_usage(state: ServerState, chunk: GenerationChunk, arrived: float) ->
 
 
 async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                        stream: AsyncIterator[GenerationChunk], arrived: float) -> web.Response:
+                        stream: AsyncIterator[GenerationChunk], arrived: float,
+                        headers: dict[str, str]) -> web.Response:
     parts, last = [], first
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
@@ -302,7 +310,7 @@ async def respond_whole(state: ServerState, speech: SpeechRequest, first: Genera
 
     data, num_samples = await state.run(encode)
     usage = _usage_json(last)
-    return web.Response(body=data, content_type=content_type(speech.response_format), headers={
+    return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers | {
         "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
         "x-omni-tts-finish-reason": last.usage.finish_reason,
         "x-omni-tts-audio-seconds": f"{num_samples / SAMPLE_RATE:.3f}"})  # after `speed`: what the body holds
@@ -316,9 +324,9 @@ async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
-                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk],
-                               arrived: float) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": content_type(speech.response_format)})
+                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk], arrived: float,
+                               headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": content_type(speech.response_format)})
     response.enable_chunked_encoding()
     await response.prepare(request)
     encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
@@ -346,8 +354,10 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
 
 
 async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                      stream: AsyncIterator[GenerationChunk], arrived: float) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                      stream: AsyncIterator[GenerationChunk], arrived: float,
+                      headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream",
+                                                     "Cache-Control": "no-cache"})
     await response.prepare(request)
     encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
 
@@ -385,10 +395,14 @@ def _voices_or_404(state: ServerState) -> VoiceStore:
 
 
 async def list_voices(request: web.Request) -> web.Response:
+    """Every name in `voices`, the uploads in `uploaded_voices`, and for CustomVoice the OpenAI voice names'
+    speakers (`voice_aliases`)."""
     state = request.app[STATE]
-    builtin = list(state.engine.prompts.speakers)
     uploaded = [v.to_json() for v in state.voices.list()] if state.voices else []
-    return web.json_response({"voices": sorted(builtin + [v["name"] for v in uploaded]), "uploaded_voices": uploaded})
+    body = {"voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded]), "uploaded_voices": uploaded}
+    if state.voice_names.openai:
+        body["voice_aliases"] = state.voice_names.openai
+    return web.json_response(body)
 
 
 _VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
@@ -457,9 +471,10 @@ async def delete_voice(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    return web.json_response({"object": "list", "data": [{"id": state.config.served_model_name, "object": "model",
-                                                          "created": 0, "owned_by": "omni_tts"}]})
+    """One entry per name the server answers to, the primary first; `root` names the primary in each."""
+    names = request.app[STATE].config.model_names
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} for name in names]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -503,11 +518,13 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
     middlewares = [error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[ENGINE], app[CONFIG] = engine, config
+    # refuses a --default-voice the checkpoint lacks before any stage starts
+    voice_names = VoiceNames(engine.config.tts_model_type, engine.prompts.speakers, config.default_voice)
 
     async def lifecycle(app: web.Application):
         if owns_engine:
             await engine.start()
-        state = app[STATE] = ServerState(engine, config)
+        state = app[STATE] = ServerState(engine, config, voice_names)
         yield
         if state.fetcher is not None:
             await state.fetcher.close()
@@ -524,6 +541,6 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/v1/models", list_models),
         web.get("/health", health),
         web.get("/metrics", metrics),
-        openapi_route(config.served_model_name, api_key_required=config.api_key is not None),
+        openapi_route(config.model_names, api_key_required=config.api_key is not None),
     ])
     return app

@@ -240,6 +240,13 @@ class VoiceStore:
         with self._lock:
             return len(self._voices)
 
+    def __contains__(self, name: object) -> bool:
+        """Whether a voice is called `name` (case-insensitive)."""
+        if not isinstance(name, str):
+            return False
+        with self._lock:
+            return name.lower() in self._voices
+
     # --- blocking operations (call in an executor) ---------------------------------------------------------------
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
         """Validate and store a clip, replacing a voice of the same name (case-insensitive). Blocking."""
