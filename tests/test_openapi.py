@@ -36,6 +36,8 @@ def test_served_document_is_valid_openapi(server):
     with urllib.request.urlopen(server.url + "/v1/models") as response:
         assert [model["id"] for model in json.loads(response.read())["data"]] == list(ACCEPTED)
     assert speech["additionalProperties"] is False  # unknown fields are refused, as the server does
+    upload = document["components"]["schemas"]["VoiceUpload"]
+    assert upload["additionalProperties"] is False and upload["required"] == ["name", "audio_sample"]
     assert document == openapi_document(ACCEPTED, api_key_required=False)
 
 

@@ -21,6 +21,7 @@ from omni_tts.audio.encoding import to_int16
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from openai.types.audio import Voice, VoiceDeleted
 from server_util import ServerProcess, free_port
 
 MODEL = "qwen3-tts"
@@ -79,8 +80,10 @@ def cv_server():
 
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory):
+    voices_dir = tmp_path_factory.mktemp("voices")
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
-                           str(tmp_path_factory.mktemp("voices")), "--allowed-local-media-path", str(FIXTURES))
+                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
+    server.voices_dir = voices_dir
     yield server
     server.stop()
 
@@ -242,6 +245,49 @@ def test_voice_clone_by_ref_audio_and_uploaded_voice(base_server):
     assert request(base_server.url + "/v1/audio/voices/fox", method="DELETE")[0] == 200
     status, _, error = request(base_server.url + "/v1/audio/speech", dict(payload, voice="fox"))
     assert status == 400 and "unknown voice 'fox'" in json.loads(error)["error"]["message"]
+
+
+def test_openai_sdk_voices_create_list_use_delete(base_server):
+    """client.audio.voices.create / delete return populated SDK objects; the listing (a raw GET through the SDK: it
+    has no list method) parses as SDK voices; the voice speaks by id; deleting removes the clip from disk."""
+    client = openai.OpenAI(base_url=base_server.url + "/v1", api_key="unused")
+    with open(REF_WAV, "rb") as clip:
+        voice = client.audio.voices.create(name="Sdk-Voice", audio_sample=clip, consent="consent-1")
+    assert isinstance(voice, Voice)
+    assert (voice.id, voice.name, voice.object, voice.type) == ("Sdk-Voice", "Sdk-Voice", "audio.voice",
+                                                                "audio_sample")
+    assert isinstance(voice.created_at, int) and abs(voice.created_at - time.time()) < 60
+    folder = base_server.voices_dir / "sdk-voice"
+    clips = [p for p in folder.iterdir() if p.name.startswith("clip-")]
+    assert len(clips) == 1 and clips[0].read_bytes() == REF_WAV.read_bytes()
+    with open(REF_WAV, "rb") as clip:  # a re-upload is a new version of the voice
+        again = client.audio.voices.create(name="sdk-voice", audio_sample=clip, consent="consent-1")
+    assert again.created_at > voice.created_at
+    listing = client.get("/audio/voices", cast_to=object)
+    listed = [Voice.model_validate(v) for v in listing["data"]]
+    assert [(v.id, v.created_at) for v in listed if v.id.lower() == "sdk-voice"] == [("sdk-voice", again.created_at)]
+    assert listing["uploaded_voices"] == listing["data"] and "sdk-voice" in listing["voices"]
+
+    payload = dict(model="tts-1", input="Clone me.", response_format="pcm")
+    no_transcript = offline_pcm("tiny-base", text="Clone me.", ref_audio=str(REF_WAV), x_vector_only=True,
+                                language="english")
+    speech = client.audio.speech.create(voice={"id": "sdk-voice"}, extra_body=dict(GREEDY, language="english"),
+                                        **payload)
+    assert_pcm_close(speech.content, no_transcript)
+    # beside ref_audio, the voice the SDK insists on is ignored, and said so
+    with_transcript = offline_pcm("tiny-base", text="Clone me.", ref_audio=str(REF_WAV), ref_text=REF_TEXT,
+                                  language="english")
+    cloned = client.audio.speech.with_raw_response.create(voice="alloy", extra_body=dict(
+        GREEDY, language="english", ref_audio=str(REF_WAV), ref_text=REF_TEXT), **payload)
+    assert cloned.headers["x-omni-tts-voice-ignored"] == "alloy"
+    assert_pcm_close(cloned.content, with_transcript)
+
+    deleted = client.audio.voices.delete("SDK-VOICE")
+    assert isinstance(deleted, VoiceDeleted)
+    assert (deleted.id, deleted.deleted, deleted.object) == ("sdk-voice", True, "audio.voice.deleted")
+    assert not folder.exists()
+    with pytest.raises(openai.NotFoundError):
+        client.audio.voices.delete("sdk-voice")
 
 
 def test_health_models_metrics(cv_server):

@@ -1,8 +1,8 @@
 """The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
 
-The speech request schema is derived from `SpeechRequest` (msgspec), so the document states exactly what the
-server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed to the names the server
-answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
+The speech request and voice upload schemas are derived from `SpeechRequest` and `VoiceUpload` (msgspec), so the
+document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is
+narrowed to the names the server answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
 every route of the app is documented, and tests/test_fuzz.py drives the server with inputs generated from this
 document.
 """
@@ -17,8 +17,8 @@ from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
-from omni_tts.entrypoints.protocol import ResponseFormat, SpeechRequest
-from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
+from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ResponseFormat, SpeechRequest,
+                                           VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
 
@@ -36,29 +36,27 @@ _ERROR_RESPONSE = {
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-_VOICE = {
+_VOICE = {  # VoiceRecord.to_json
     "type": "object",
-    "required": ["name", "ref_text", "created_at", "file_size", "mime_type", "duration_s", "consent"],
-    "properties": {"name": {"type": "string"}, "ref_text": {"type": ["string", "null"]},
-                   "created_at": {"type": "number"}, "file_size": {"type": "integer"},
-                   "mime_type": {"type": "string"}, "duration_s": {"type": "number"},
-                   "consent": {"type": ["string", "null"]}}}
-_VOICE_LIST = {"type": "object", "required": ["voices", "uploaded_voices"], "properties": {
-    "voices": {"type": "array", "items": {"type": "string"}},
+    "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "file_size", "mime_type",
+                 "duration_s"],
+    "properties": {"id": {"type": "string", "description": "the name: what DELETE and a speech request's voice take"},
+                   "object": {"const": "audio.voice"}, "type": {"const": "audio_sample"}, "name": {"type": "string"},
+                   "created_at": {"type": "integer", "description": "unix seconds, strictly increasing per upload: "
+                                                                    "the voice's version"},
+                   "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
+                   "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
+                   "duration_s": {"type": "number"}}}
+_VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
+    "object": {"const": "list"},
+    "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
+    "voices": {"type": "array", "items": {"type": "string"}, "description": "the speakers and uploaded voices"},
     "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}},
     "voice_aliases": {"type": "object", "additionalProperties": {"type": "string"},
                       "description": "CustomVoice: the speaker each OpenAI voice name stands for"}}}
-_VOICE_UPLOAD = {  # the multipart form read by server.read_voice_form
-    "type": "object", "required": ["name", "audio_sample"],
-    "properties": {
-        "name": {"type": "string", "description": "1–64 letters, digits, '_', '.' or '-', not starting with '.'; "
-                                                  "an existing voice of that name (any case) is replaced"},
-        "audio_sample": {"type": "string", "contentMediaType": "application/octet-stream",
-                         "description": "the reference clip: wav, flac, ogg or mp3 (sniffed, not trusted by MIME "
-                                        "type); the field may also be called `file`"},
-        "ref_text": {"type": "string", "maxLength": MAX_REF_TEXT_CHARS,
-                     "description": "the clip's transcript (enables in-context cloning)"},
-        "consent": {"type": "string", "maxLength": MAX_CONSENT_CHARS}}}
+_VOICE_DELETED = {"type": "object", "required": ["id", "object", "deleted", "success", "name"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "audio.voice.deleted"}, "deleted": {"const": True},
+    "success": {"const": True}, "name": {"type": "string"}, "message": {"type": "string"}}}
 _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
@@ -87,9 +85,22 @@ _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "stage": {"type": "string", "description": "the failed stage"}}}
 
 
-def _speech_request_schemas(model_names: Sequence[str]) -> dict:
-    _, schemas = msgspec.json.schema_components([SpeechRequest], ref_template=_SCHEMAS + "{name}")
+def _request_schemas(model_names: Sequence[str]) -> dict:
+    _, schemas = msgspec.json.schema_components([SpeechRequest, VoiceUpload], ref_template=_SCHEMAS + "{name}")
     schemas["SpeechRequest"]["properties"]["model"]["enum"] = list(model_names)
+    upload = schemas["VoiceUpload"]["properties"]
+    for field in VOICE_FORM_FILES:  # a file part, not base64 text (msgspec's JSON view of bytes)
+        upload[field] = {"type": "string", "contentMediaType": "application/octet-stream"}
+    upload["audio_sample"]["description"] = ("the reference clip: wav, flac, ogg or mp3, 1–30 s (sniffed, not "
+                                             "trusted by MIME type); the field may also be called "
+                                             + " or ".join(f"`{alias}`" for alias in VOICE_FORM_ALIASES))
+    upload["name"]["description"] = ("1–64 letters, digits, '_', '.' or '-', not starting with '.'; an existing "
+                                     "voice of that name (any case) is replaced")
+    upload["ref_text"]["description"] = "the clip's transcript (enables in-context cloning)"
+    for field in upload.values():  # a form leaves an optional field out: it has no null
+        if "anyOf" in field:
+            field.update(next(choice for choice in field.pop("anyOf") if choice.get("type") != "null"))
+            field.pop("default")
     return schemas
 
 
@@ -141,10 +152,13 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
                      "requestBody": {"required": True, "content": {"multipart/form-data": {
                          "schema": {"$ref": _SCHEMAS + "VoiceUpload"}}}},
                      "responses": {
-                         "200": {"description": "stored", "content": {"application/json": {"schema": {
-                             "type": "object", "required": ["success", "voice"],
-                             "properties": {"success": {"const": True}, "voice": {"$ref": _SCHEMAS + "Voice"}}}}}},
-                         "400": _error("invalid form, name, text or clip"),
+                         "200": {"description": "stored: the voice (OpenAI's Voice), and again under `voice` "
+                                                "(vllm-omni)", "content": {"application/json": {"schema": {
+                                                    "allOf": [{"$ref": _SCHEMAS + "Voice"}, {
+                                                        "type": "object", "required": ["success", "voice"],
+                                                        "properties": {"success": {"const": True},
+                                                                       "voice": {"$ref": _SCHEMAS + "Voice"}}}]}}}},
+                         "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
                          "409": _error("the voice limit is reached"),
                          "413": _error("the clip is too large, or the voice store is full"),
@@ -152,9 +166,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
         "/v1/audio/voices/{name}": {
             "delete": {"operationId": "deleteVoice", "summary": "Delete an uploaded voice", "parameters": [voice_name],
                        "responses": {
-                           "200": {"description": "deleted", "content": {"application/json": {"schema": {
-                               "type": "object", "required": ["success", "name"],
-                               "properties": {"success": {"const": True}, "name": {"type": "string"}}}}}},
+                           "200": _json("VoiceDeleted", "deleted, its clip removed from disk"),
                            "404": _error("no such voice, or voice uploads are disabled")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
@@ -174,9 +186,9 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
                  "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
                                 "envelope (ErrorResponse)."},
         "paths": paths,
-        "components": {"schemas": _speech_request_schemas(model_names) | {
+        "components": {"schemas": _request_schemas(model_names) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
-            "VoiceUpload": _VOICE_UPLOAD, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
+            "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
             "SpeechEvent": _SPEECH_EVENT}},
     }
     if api_key_required:

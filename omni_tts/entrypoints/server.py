@@ -28,7 +28,8 @@ from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
                                         unknown_uploaded_voice)
 from omni_tts.entrypoints.openapi import openapi_route
-from omni_tts.entrypoints.protocol import ApiError, SpeechRequest, decode_speech_request
+from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechRequest, VoiceUpload,
+                                           decode_speech_request, decode_voice_upload)
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
@@ -395,19 +396,20 @@ def _voices_or_404(state: ServerState) -> VoiceStore:
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    """Every name in `voices`, the uploads in `uploaded_voices`, and for CustomVoice the OpenAI voice names'
-    speakers (`voice_aliases`)."""
+    """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
+    (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
     state = request.app[STATE]
     uploaded = [v.to_json() for v in state.voices.list()] if state.voices else []
-    body = {"voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded]), "uploaded_voices": uploaded}
+    body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
+            "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
     if state.voice_names.openai:
         body["voice_aliases"] = state.voice_names.openai
     return web.json_response(body)
 
 
 _VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
-               "accepted too) and optionally ref_text and consent")
-_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; the voice store checks the real limits
+               "accepted too) and optionally consent, ref_text and type")
+_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; VoiceUpload checks the real limits
 
 
 async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
@@ -419,29 +421,38 @@ async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> by
     return bytes(data)
 
 
-async def read_voice_form(request: web.Request, max_audio_bytes: int) -> tuple[dict[str, str], bytes | None]:
-    """The upload's text fields (name, ref_text, consent; strict UTF-8) and clip, each read with a size cap; any
-    malformed body → 400 with `_VOICE_FORM`, the parser's detail to the log. Unknown fields are skipped unread."""
+async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUpload:
+    """The upload form, strictly: an unknown field (refused before it is read), a field given twice, a text field
+    sent as a file or not UTF-8 → 400 naming it; each field read with a size cap; a malformed body → 400 with
+    `_VOICE_FORM`, the parser's detail to the log."""
     if request.content_type != "multipart/form-data":
         raise ApiError(400, _VOICE_FORM)
-    fields: dict[str, str] = {}
-    audio = None
+    fields: dict[str, str | bytes] = {}
     try:
         async for part in await request.multipart():
             if not isinstance(part, aiohttp.BodyPartReader):  # a nested multipart/mixed
                 raise ApiError(400, _VOICE_FORM)
-            if part.name in ("audio_sample", "file"):  # `file`: what the openai SDK names a file field
-                audio = await _read_part(part, max_audio_bytes, "audio_sample")
-            elif part.name in ("name", "ref_text", "consent"):
-                raw = await _read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
-                try:
-                    fields[part.name] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise ApiError(400, f"multipart field '{part.name}' is not valid UTF-8", part.name) from None
+            if part.name is None:
+                raise ApiError(400, _VOICE_FORM)
+            field = VOICE_FORM_ALIASES.get(part.name, part.name)
+            if field not in VoiceUpload.__struct_fields__:
+                raise ApiError(400, f"unknown multipart field '{part.name}'; {_VOICE_FORM}", part.name)
+            if field in fields:
+                also = f" ('{part.name}' is another name for it)" if part.name != field else ""
+                raise ApiError(400, f"multipart field '{field}' is given more than once{also}", field)
+            if field in VOICE_FORM_FILES:
+                fields[field] = await _read_part(part, max_audio_bytes, field)
+                continue
+            if part.filename is not None:
+                raise ApiError(400, f"multipart field '{field}' must be a text field, not a file", field)
+            try:
+                fields[field] = (await _read_part(part, _MAX_TEXT_FIELD_BYTES, field)).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ApiError(400, f"multipart field '{field}' is not valid UTF-8", field) from None
     except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body
         logger.info("voices: unreadable multipart body: %s", e)
         raise ApiError(400, _VOICE_FORM) from None
-    return fields, audio
+    return decode_voice_upload(fields)
 
 
 async def upload_voice(request: web.Request) -> web.Response:
@@ -449,25 +460,24 @@ async def upload_voice(request: web.Request) -> web.Response:
     store = _voices_or_404(state)
     if state.engine.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
-    fields, audio = await read_voice_form(request, store.max_bytes)
-    if audio is None:
-        raise ApiError(400, "multipart field 'audio_sample' (the reference clip) is required", "audio_sample")
-    if not fields.get("name"):
-        raise ApiError(400, "multipart field 'name' is required", "name")
+    form = await read_voice_form(request, store.max_bytes)
     try:
-        record = await state.run(store.add, fields["name"], audio, fields.get("ref_text") or None,
-                                 fields.get("consent"))
+        record = await state.run(store.add, form.name, form.audio_sample, form.ref_text or None, form.consent)
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
-    return web.json_response({"success": True, "voice": record.to_json()})
+    voice = record.to_json()
+    return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
 async def delete_voice(request: web.Request) -> web.Response:
+    """The `openai` SDK's `VoiceDeleted` (id, object, deleted) and vllm-omni's answer (success, message)."""
     store = _voices_or_404(request.app[STATE])
     name = request.match_info["name"]
-    if not await request.app[STATE].run(store.delete, name):
+    record = await request.app[STATE].run(store.delete, name)
+    if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
-    return web.json_response({"success": True, "name": name})
+    return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,
+                              "name": record.name, "message": f"voice '{record.name}' deleted"})
 
 
 async def list_models(request: web.Request) -> web.Response:
