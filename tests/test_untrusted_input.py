@@ -203,6 +203,9 @@ def test_api_key_guards_every_route_but_health(guarded_server):
             assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
     status, models = call(guarded_server, "GET", "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     assert status == 200 and models["data"][0]["id"] == MODEL
+    # the docs page is static and asks its reader for the key: a browser cannot send the header on navigation
+    status, page = call(guarded_server, "GET", "/docs")
+    assert status == 200 and page.startswith(b"<!DOCTYPE html>")
 
 
 # --- decompression bombs and library text ------------------------------------------------------------------------

@@ -4,10 +4,11 @@ The speech request and voice upload schemas are derived from `SpeechRequest` and
 document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is
 narrowed to the names the server answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
 every route of the app is documented, and tests/test_fuzz.py drives the server with inputs generated from this
-document.
+document. GET /docs renders it in the browser (static/docs.html, no outside host).
 """
 from __future__ import annotations
 
+import importlib.resources
 import json
 from collections.abc import Sequence
 from typing import get_args
@@ -21,6 +22,8 @@ from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES,
                                            VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
+# routes an API key does not guard: a health probe, and a static page (it asks the browser's user for the key)
+OPEN_PATHS = ("/health", "/docs")
 
 
 def _json(schema_name: str, description: str) -> dict:
@@ -139,8 +142,8 @@ def _speech_operation() -> dict:
 
 
 def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict:
-    """The document for an app answering to `model_names`; with `api_key_required` every route but /health
-    declares the bearer scheme and its 401."""
+    """The document for an app answering to `model_names`; with `api_key_required` every route but /health and
+    /docs declares the bearer scheme and its 401."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
@@ -179,6 +182,9 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "responses": {
             "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/docs": {"get": {"operationId": "docs", "summary": "This document, rendered for a browser (no outside "
+                                                            "host)", "security": [], "responses": {
+            "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
     }
     document = {
         "openapi": "3.1.0",
@@ -195,17 +201,24 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"apiKey": []}]
         for path, operations in paths.items():
-            if path != "/health":
+            if path not in OPEN_PATHS:
                 for operation in operations.values():
                     operation["responses"]["401"] = _error("missing or wrong API key")
     return document
 
 
-def openapi_route(model_names: Sequence[str], api_key_required: bool) -> web.RouteDef:
-    """GET /openapi.json, answering the document serialized once."""
+def openapi_routes(model_names: Sequence[str], api_key_required: bool) -> list[web.RouteDef]:
+    """GET /openapi.json, answering the document serialized once, and GET /docs, the page that renders it."""
     body = json.dumps(openapi_document(model_names, api_key_required)).encode()
+    page = importlib.resources.files("omni_tts.entrypoints").joinpath("static/docs.html").read_bytes()
 
     async def serve_openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    return web.get("/openapi.json", serve_openapi)
+    async def serve_docs(request: web.Request) -> web.Response:
+        # the browser itself holds the page to this origin: inline script and style, fetches to the server only
+        return web.Response(body=page, content_type="text/html", charset="utf-8", headers={
+            "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                       "connect-src 'self'; form-action 'none'; base-uri 'none'"})
+
+    return [web.get("/openapi.json", serve_openapi), web.get("/docs", serve_docs)]

@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
 
 Routes: POST /v1/audio/speech, GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name}, GET /v1/models,
-GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work (tokenizer: single worker inside the engine;
-reference audio, encoding, base64: a small bounded pool) never runs on the loop.
+GET /health, GET /metrics, GET /openapi.json and GET /docs (openapi.py). CPU work (tokenizer: single worker inside
+the engine; reference audio, encoding, base64: a small bounded pool) never runs on the loop.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
                                         unknown_uploaded_voice)
-from omni_tts.entrypoints.openapi import openapi_route
+from omni_tts.entrypoints.openapi import OPEN_PATHS, openapi_routes
 from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechRequest, VoiceUpload,
                                            decode_speech_request, decode_voice_upload)
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
@@ -505,13 +505,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def api_key_middleware(api_key: str) -> Callable:
-    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; /health stays open for
-    load balancers and supervisors. Runs inside error_middleware, which renders the error."""
+    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; OPEN_PATHS stay open
+    (/health for load balancers and supervisors, the /docs page for browsers, which cannot send the header on
+    navigation). Runs inside error_middleware, which renders the error."""
     expected = api_key.encode("utf-8")
 
     @web.middleware
     async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path != "/health":
+        if request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             # constant-time: the comparison must not tell how much of a guessed key was right
             if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -551,6 +552,6 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/v1/models", list_models),
         web.get("/health", health),
         web.get("/metrics", metrics),
-        openapi_route(config.model_names, api_key_required=config.api_key is not None),
+        *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
     ])
     return app
