@@ -229,6 +229,14 @@ def _health(port: int) -> tuple[int, dict]:
     return response.status, json.loads(response.read())
 
 
+def _talker_steps(port: int) -> float:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('omni_tts_stage_steps_total{stage="talker"}'))
+
+
 def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", "m")
     try:
@@ -242,6 +250,7 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         whole.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), stream=False)),
                       {"Content-Type": "application/json"})
         time.sleep(0.3)
+        steps_before = _talker_steps(server.port)
         os.kill(stage_pids(server.proc.pid)[0], signal.SIGKILL)
         killed_at = time.monotonic()
         with pytest.raises(http.client.IncompleteRead) as cut:  # not a second response inside the body
@@ -266,5 +275,6 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         ok.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), max_new_tokens=10, stream=False)),
                    {"Content-Type": "application/json"})
         assert ok.getresponse().status == 200
+        assert _talker_steps(server.port) > steps_before  # a counter: the restarted stage adds to it
     finally:
         server.stop()

@@ -104,7 +104,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=_port, default=8000, help="TCP port to listen on; 0 = any free port")
-    p.add_argument("--served-model-name", help="the `model` value clients send (default: the model's name)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the `model` values clients send; the first is the primary, listed first in /v1/models "
+                        "(default: the checkpoint folder's name)")
+    p.add_argument("--no-openai-aliases", dest="openai_aliases", action="store_false",
+                   help="do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, gpt-4o-mini-tts, "
+                        "gpt-4o-mini-tts-2025-12-15)")
+    p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
+                                           "OpenAI voice name (default: such requests are refused)")
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
@@ -176,10 +183,12 @@ def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls:
     """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
     import asyncio
 
+    import prometheus_client
     import torch
     from aiohttp import web
 
     from omni_tts.config import load_stage_config, set_torch_threads
+    from omni_tts.entrypoints.names import default_served_model_name
     from omni_tts.entrypoints.server import AccessLogger, ServerConfig, build_app
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
@@ -188,27 +197,31 @@ def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls:
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
     pipeline = load_stage_config(stage_config)
-    name = args.served_model_name or (args.model or os.path.basename(model_dir.rstrip("/")))
+    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
     set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
+    # own (`…_created`, unit-less): noise beside the conventional names of /metrics
+    prometheus_client.disable_created_metrics()
     engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                             max_restarts=args.max_restarts)
     # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     app = build_app(engine, ServerConfig(
-        served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
+        served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
+        max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout))
     url = _url(listener)
     logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
                 stage_config, url)
-    ready = _ready_line(engine, model_dir, name, url)
+    ready = _ready_line(engine, model_dir, names, url)
     try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
         web.run_app(app, sock=listener, handler_cancellation=True, print=lambda _banner: logger.info("%s", ready),
                     access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
@@ -226,12 +239,13 @@ def _url(listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _ready_line(engine: AsyncTTSEngine, model_dir: str, served_model_name: str, url: str) -> str:
+def _ready_line(engine: AsyncTTSEngine, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
     stages = "; ".join(
         f"{name} on {cfg.device} ({cfg.dtype}, max batch {engine.batch_sizes[name]}, "
         f"{engine.threads[name]} torch thread{'s' if engine.threads[name] > 1 else ''})"
         for name, cfg in engine.pipeline.stages.by_name().items())
-    return f"ready: serving {model_dir} as '{served_model_name}' at {url}; {stages}"
+    names = ", ".join(f"'{name}'" for name in served_model_names)
+    return f"ready: serving {model_dir} as {names} at {url}; {stages}"
 
 
 def _synthesize(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """Messages between the orchestrator and the stage processes (pyzmq frames, msgspec msgpack), defined once."""
 from __future__ import annotations
 
+import bisect
+
 import msgspec
 
 from omni_tts.connectors.shm_ring import RingSpec
@@ -66,15 +68,38 @@ class AudioChunk(msgspec.Struct, tag=True):
     finished: bool
 
 
+# bucket bounds (seconds) of the stages' histograms: an engine step takes ~1–20 ms on a GPU, 20 ms–1 s on a CPU; a
+# chunk crosses the ring in microseconds unless the receiving loop is busy with a step
+STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+CONNECTOR_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class DurationHistogram(msgspec.Struct):
+    """Durations counted since the stage process started, in fixed buckets: counts[i] holds those ≤ bounds[i] (and
+    above the bound before), the last count those above every bound; the API process exposes them as a Prometheus
+    histogram."""
+    bounds: list[float]
+    counts: list[int]
+    sum: float = 0.0
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...]) -> "DurationHistogram":
+        return cls(list(bounds), [0] * (len(bounds) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+
 class StageStats(msgspec.Struct, tag=True):
     stage: str
+    pid: int                         # the stage process these cumulative figures belong to
     request_ids: list[str]
     num_steps: int
     cpu_seconds: float
-    step_seconds: float              # total time inside engine steps
-    connector_chunks: int = 0        # code2wav: ring chunks received
-    connector_latency_p50: float = 0.0   # seconds from the talker's put() to code2wav taking the chunk,
-    connector_latency_p99: float = 0.0   # over the most recent chunks
+    step_durations: DurationHistogram          # time inside each engine step
+    connector_chunks: int = 0                  # code2wav: ring chunks received
+    connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken
 
 
 class StageFailed(msgspec.Struct, tag=True):

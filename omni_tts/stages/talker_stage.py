@@ -17,7 +17,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt
 
 from .common import StageIO, run_stage
-from .protocol import Abort, AddRequest, GetStats, Ready, Shutdown, StageLaunch, StageStats, TalkerDone
+from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, DurationHistogram, GetStats, Ready, Shutdown,
+                       StageLaunch, StageStats, TalkerDone)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatureWorker
 
 
@@ -38,7 +39,7 @@ class TalkerStage:
         self.seq: dict[str, int] = {}
         self.prompt_rows: dict[str, int] = {}
         self.num_frames: dict[str, int] = {}
-        self.step_seconds = 0.0
+        self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
 
     def run(self) -> None:
         self.writer.start()
@@ -61,7 +62,7 @@ class TalkerStage:
             if self.engine.has_work():
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                self.step_seconds += time.perf_counter() - started
+                self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
                     self._emit(out.request_id, out.frame, out.finished, out.finish_reason)
 
@@ -74,7 +75,8 @@ class TalkerStage:
             self._forget(message.request_id)
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
-            self.io.send(StageStats("talker", stats.request_ids, stats.steps, time.process_time(), self.step_seconds))
+            self.io.send(StageStats("talker", os.getpid(), stats.request_ids, stats.steps, time.process_time(),
+                                    self.step_durations))
 
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
