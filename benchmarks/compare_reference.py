@@ -1,7 +1,10 @@
 """Side by side with the official reference (qwen-tts 0.1.1) in one command: same checkpoint, same texts, same
 max_new_tokens, greedy decoding on both sides; audio-s/s of each and their ratios.
 
-    bash ../shared/tools/qwen3_tts_reference/setup_reference_env.sh      # once: the side virtualenv
+    python3 -m venv ~/.cache/qwen3-tts-reference/venv                   # once: the reference's side virtualenv
+    ~/.cache/qwen3-tts-reference/venv/bin/pip install torch==2.13.0 transformers==4.57.3 accelerate==1.12.0 \\
+        librosa soundfile einops numpy safetensors
+    ~/.cache/qwen3-tts-reference/venv/bin/pip install --no-deps qwen-tts==0.1.1 dashscope==2.0.2
     python benchmarks/compare_reference.py --model ~/.cache/omni_tts/small-custom-voice-seed0 --concurrency 16 \\
         [--stage-config cpu_small] [--max-new-tokens 100] \\
         [--reference-python ~/.cache/qwen3-tts-reference/venv/bin/python]
@@ -207,9 +210,8 @@ def main() -> int:
     probe = [args.reference_python, "-c",
              "import importlib.util, sys; sys.exit(importlib.util.find_spec('qwen_tts') is None)"]
     if not os.path.isfile(args.reference_python) or subprocess.run(probe).returncode != 0:
-        print(f"compare_reference: the reference (qwen-tts) is not installed for {args.reference_python}; run "
-              "../shared/tools/qwen3_tts_reference/setup_reference_env.sh first (or pass --reference-python)",
-              file=sys.stderr)
+        print(f"compare_reference: the reference (qwen-tts) is not installed for {args.reference_python}; set up "
+              "its virtualenv as this script's docstring shows (or pass --reference-python)", file=sys.stderr)
         return 2
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     model_name = os.path.basename(os.path.normpath(args.model))

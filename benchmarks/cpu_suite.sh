@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU regression suite: serve the `small` random model (stage_configs/cpu_small.yaml), sweep concurrency 1/4/16
+# CPU regression suite: serve the `small` random model (omni_tts/stage_configs/cpu_small.yaml), sweep concurrency 1/4/16
 # with bench_tts_serve.py, stop the server. Results land in benchmarks/results/cpu-small-<time>.{json,md,png}.
 #   bash benchmarks/cpu_suite.sh [extra bench_tts_serve.py arguments]
 set -euo pipefail

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU suite: random-weight 0.6B and 1.7B CustomVoice checkpoints (bf16), each served on
-# stage_configs/qwen3_tts_1gpu.yaml; bench_tts_serve.py at concurrency 1/8/32/64 and at Poisson arrivals of 1/10/20
-# req/s; GPU utilisation and memory sampled by nvidia-smi every 200 ms during each level. Sized to finish in under
-# 8 minutes on one H100 (an estimate: not yet run on a GPU). Results: benchmarks/results/gpu-suite-<UTC time>/ — one
-# bench JSON (+ .md, .gpu.csv) per level, server logs, and suite.json / suite.md / suite_{concurrency,rate}.png from
-# benchmarks/suite_report.py.
+# GPU suite: random-weight 0.6B and 1.7B CustomVoice checkpoints (bf16), each served on the stage config
+# qwen3_tts_1gpu (omni_tts/stage_configs/); bench_tts_serve.py at concurrency 1/8/32/64 and at Poisson arrivals of
+# 1/10/20 req/s; GPU utilisation and memory sampled by nvidia-smi every 200 ms during each level. Sized to finish in
+# under 8 minutes on one H100 (an estimate: not yet run on a GPU). Results: benchmarks/results/gpu-suite-<UTC time>/
+# — one bench JSON (+ .md, .gpu.csv) per level, server logs, and suite.json / suite.md / suite_{concurrency,rate}.png
+# from benchmarks/suite_report.py.
 #
 #   bash benchmarks/gpu_suite.sh
 #   SMOKE=1 bash benchmarks/gpu_suite.sh          # the same logic on a CPU: tiny preset, cpu_tiny, short levels

@@ -20,10 +20,9 @@ import sys
 
 import yaml
 
+from omni_tts.config import default_stage_config_path
 from bench_runner import HERE, cached_model, machine, run_bench, scrub_thread_env, served
 from bench_tts_serve import write_report
-
-REPO = os.path.dirname(HERE)
 
 
 def parse_split(value: str) -> tuple[str, int | None, int | None]:
@@ -39,7 +38,7 @@ def parse_split(value: str) -> tuple[str, int | None, int | None]:
 
 
 def write_stage_config(base: str, talker: int, code2wav: int, path: str) -> None:
-    source = base if base.endswith((".yaml", ".yml")) else os.path.join(REPO, "stage_configs", base + ".yaml")
+    source = default_stage_config_path(base)
     with open(source, encoding="utf-8") as f:
         config = yaml.safe_load(f)
     config["stages"]["talker"]["threads"] = talker

@@ -1,9 +1,12 @@
-"""Start `omni-tts serve` as a real process on a free loopback port, for the HTTP tests."""
+"""Start `omni-tts serve` as a real process on a free loopback port, and call it, for the HTTP tests."""
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
 import urllib.request
 
 
@@ -13,27 +16,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def request(url, payload=None, method=None, data=None, headers=None) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one HTTP call: JSON `payload` or raw `data` is POSTed, nothing is a GET."""
+    body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
+    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"),
+                                 headers=headers or ({"Content-Type": "application/json"} if body is not None else {}))
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def environment(changes: dict[str, str | None]) -> dict[str, str]:
+    """This process's environment with `changes`: a variable set to a string, or removed by None."""
+    return {name: value for name, value in dict(os.environ, **changes).items() if value is not None}
+
+
 class ServerProcess:
-    def __init__(self, *args: str, env: dict | None = None) -> None:
+    """`omni-tts serve` on a free loopback port, healthy once constructed. Its stdout and stderr go to a file, read by
+    output(): a pipe nobody reads would fill with the access log and stall the server."""
+
+    def __init__(self, *args: str, env: dict[str, str | None] | None = None, command: list[str] | None = None,
+                 cwd: str | None = None) -> None:
+        """env: variables to set, or to remove (None); command: what runs `serve` (default: this interpreter's
+        `-m omni_tts.entrypoints.cli`)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "omni_tts.entrypoints.cli", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, **(env or {})))
+        cmd = [*(command or [sys.executable, "-m", "omni_tts.entrypoints.cli"]), "serve", "--port", str(self.port),
+               *args]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=environment(env or {}),
+                                     cwd=cwd)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode(errors='replace')}")
+                raise RuntimeError(f"server exited: {self.output()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
                     if r.status == 200:
                         return
             except OSError:
                 time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become healthy in 120 s")
+        raise RuntimeError(f"server did not become healthy in 120 s: {self.stop()}")
+
+    def output(self) -> str:
+        """Everything the server wrote so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def stop(self) -> str:
+        """Stop it (SIGTERM, then SIGKILL after 20 s); returns its whole output."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -41,7 +74,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self.proc.stdout.read().decode(errors="replace")
+        return self.output()
 
 
 def stage_pids(server_pid: int) -> list[int]:

@@ -9,7 +9,6 @@ The WebSocket route is documented as the GET it is before its upgrade: a plain r
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,13 +40,9 @@ VOICES = {"tiny-base": "fuzz-voice", "tiny-custom-voice": "ryan"}
 
 @pytest.fixture(scope="module", params=sorted(VOICES))
 def server(request, tmp_path_factory):
-    """With --voices-dir, so the voices routes are live (uploads work on the Base model, are refused on the other).
-    Its log is read as it comes (`server.log`): unread, tracebacks of failing requests would fill the pipe and stall
-    the server."""
+    """With --voices-dir, so the voices routes are live (uploads work on the Base model, are refused on the other)."""
     server = ServerProcess("--model", str(FIXTURES / request.param), "--served-model-name", MODEL,
                            "--voices-dir", str(tmp_path_factory.mktemp("voices")))
-    server.log = []
-    threading.Thread(target=lambda: server.log.extend(server.proc.stdout), daemon=True).start()
     if request.param == "tiny-base":
         with open(FIXTURES / "ref_voice.wav", "rb") as clip:
             upload = requests.post(server.url + "/v1/audio/voices", files={"audio_sample": clip},
@@ -76,13 +71,13 @@ class Findings(dict[tuple[str, str, str], Finding]):
         if len(finding.examples) < self.SHOWN and example not in finding.examples:
             finding.examples.append(example)
 
-    def summary(self, server_log: list[bytes]) -> str:
+    def summary(self, server_log: str) -> str:
         lines = [f"{len(self)} kind(s) of finding:"]
         for (operation, problem, status), finding in sorted(self.items()):
             lines.append(f"- {operation}: {problem} [{status}] ×{finding.count}")
             for reproduction, response in finding.examples:
                 lines += [f"    request: {reproduction}", f"    response: {response}"]
-        errors = b"".join(line for line in server_log if not line.startswith(b"INFO")).decode(errors="replace")
+        errors = "".join(line for line in server_log.splitlines(keepends=True) if " INFO " not in line)
         return "\n".join(lines) + "\nserver log (all but INFO), last 4000 characters:\n" + errors[-4000:]
 
 
@@ -140,4 +135,4 @@ def test_fuzz_every_operation(server):
                 fuzz_operation(operation, GenerationMode.POSITIVE, session, findings, with_voice(server.voice),
                                SYNTHESIZED_EXAMPLES)
     assert server.proc.poll() is None, "the server died"
-    assert not findings, findings.summary(server.log)
+    assert not findings, findings.summary(server.output())

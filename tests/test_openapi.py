@@ -1,6 +1,15 @@
-"""GET /openapi.json: a valid OpenAPI 3.1 document that documents every route the app serves."""
+"""GET /openapi.json: a valid OpenAPI 3.1 document that documents every route the app serves; GET /docs renders it
+with nothing from outside the server."""
+import html.parser
 import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
 import urllib.request
+import zipfile
+from pathlib import Path
 
 import pytest
 from openapi_spec_validator import validate
@@ -13,11 +22,13 @@ from omni_tts.orchestrator.async_engine import AsyncTTSEngine
 from server_util import ServerProcess
 
 MODEL = "openapi-model"
+NAMES = (MODEL, "second-name")
+ACCEPTED = NAMES + ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
 
 
 @pytest.fixture(scope="module")
 def server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL)
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", *NAMES)
     yield server
     server.stop()
 
@@ -30,26 +41,75 @@ def test_served_document_is_valid_openapi(server):
     assert document["openapi"].startswith("3.1")
     assert "servers" not in document
     speech = document["components"]["schemas"]["SpeechRequest"]
-    assert speech["properties"]["model"]["enum"] == [MODEL]
+    assert speech["properties"]["model"]["enum"] == list(ACCEPTED)  # every name the server answers to
+    with urllib.request.urlopen(server.url + "/v1/models") as response:
+        assert [model["id"] for model in json.loads(response.read())["data"]] == list(ACCEPTED)
     assert speech["additionalProperties"] is False  # unknown fields are refused, as the server does
-    assert document == openapi_document(MODEL, api_key_required=False)
+    upload = document["components"]["schemas"]["VoiceUpload"]
+    assert upload["additionalProperties"] is False and upload["required"] == ["name", "audio_sample"]
+    assert document == openapi_document(ACCEPTED, api_key_required=False)
 
 
 def test_api_key_is_documented():
-    document = openapi_document(MODEL, api_key_required=True)
+    document = openapi_document(ACCEPTED, api_key_required=True)
     validate(document)
     assert document["security"] == [{"apiKey": []}]
     for path, operations in document["paths"].items():
         for operation in operations.values():
-            assert ("401" in operation["responses"]) == (path != "/health")
+            assert ("401" in operation["responses"]) == (path not in ("/health", "/docs"))
 
 
 def test_every_route_is_documented():
     """A route added to build_app without its documentation fails here."""
     engine = AsyncTTSEngine(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny"))  # not started
-    app = build_app(engine, ServerConfig(served_model_name=MODEL))
+    app = build_app(engine, ServerConfig(served_model_names=(MODEL,)))
     served = {(route.method, route.resource.canonical) for route in app.router.routes()
               if route.method != "HEAD"}  # aiohttp answers HEAD for every GET route by itself
-    document = openapi_document(MODEL, api_key_required=False)
+    document = openapi_document((MODEL,), api_key_required=False)
     documented = {(method.upper(), path) for path, operations in document["paths"].items() for method in operations}
     assert served == documented
+
+
+class _Resources(html.parser.HTMLParser):
+    """Every URL an HTML page makes the browser load (src, href, action, CSS url())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.urls += [value for name, value in attrs if name in ("src", "href", "action", "srcset") and value]
+
+    def handle_data(self, data):
+        self.urls += re.findall(r"url\(([^)]*)\)", data)
+
+
+def test_docs_page_renders_the_document_from_this_server_only(server):
+    with urllib.request.urlopen(server.url + "/docs") as response:
+        assert response.headers["Content-Type"].startswith("text/html")
+        policy = response.headers["Content-Security-Policy"]
+        page = response.read().decode()
+    resources = _Resources()
+    resources.feed(page)
+    assert all(not urllib.parse.urlsplit(url).netloc and not url.startswith("//") for url in resources.urls)
+    assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]", page, re.IGNORECASE)  # no outside host, in any form
+    fetched = re.findall(r"fetch\(\"([^\"]*)\"", page)
+    assert fetched == ["openapi.json"]  # relative: /docs → /openapi.json on this server
+    with urllib.request.urlopen(urllib.parse.urljoin(server.url + "/docs", fetched[0])) as response:
+        assert json.loads(response.read())["openapi"].startswith("3.1")
+    # the browser enforces it too: nothing but this origin may be fetched, nothing external loaded
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+
+
+def test_the_docs_page_ships_in_the_wheel(tmp_path):
+    root = Path(__file__).parent.parent
+    source = tmp_path / "source"  # a copy: setuptools leaves build/ behind, whose stale files a later build reuses
+    shutil.copytree(root / "omni_tts", source / "omni_tts", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                    "--wheel-dir", str(tmp_path), str(source)], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("omni_tts-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("omni_tts/entrypoints/static/docs.html") == (
+            root / "omni_tts" / "entrypoints" / "static" / "docs.html").read_bytes()

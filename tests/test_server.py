@@ -1,12 +1,14 @@
 """The HTTP server as a real process on loopback: the official openai client, parity with offline synthesis,
-SSE, voices, health/models/metrics, and a table of bad requests."""
+SSE, voices, health/models/metrics, the ready line and access log, and a table of bad requests."""
 import base64
 import http.client
+import importlib.metadata
 import io
 import json
+import os
+import subprocess
+import sys
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import openai
@@ -15,26 +17,17 @@ import soundfile as sf
 
 from conftest import FIXTURES
 from omni_tts.audio.encoding import to_int16
+from omni_tts.config import load_stage_config, stage_threads
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from server_util import ServerProcess
+from openai.types.audio import Voice, VoiceDeleted
+from server_util import ServerProcess, free_port, request
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 REF_WAV = FIXTURES / "ref_voice.wav"
 REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
-
-
-def request(url, payload=None, method=None, data=None, headers=None):
-    body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
-    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"),
-                                 headers=headers or ({"Content-Type": "application/json"} if body is not None else {}))
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def offline_pcm(variant, **kwargs):
@@ -76,8 +69,10 @@ def cv_server():
 
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory):
+    voices_dir = tmp_path_factory.mktemp("voices")
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
-                           str(tmp_path_factory.mktemp("voices")), "--allowed-local-media-path", str(FIXTURES))
+                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
+    server.voices_dir = voices_dir
     yield server
     server.stop()
 
@@ -126,8 +121,59 @@ def test_non_streaming_formats_and_speed(cv_server):
         assert status == 200 and headers["Content-Type"].startswith(ctype), (fmt, status, body[:200])
         assert len(body) > 100
     status, _, normal = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm"))
-    status, _, fast = request(cv_server.url + "/v1/audio/speech", dict(payload, response_format="pcm", speed=2.0))
+    status, headers, fast = request(cv_server.url + "/v1/audio/speech",
+                                    dict(payload, response_format="pcm", speed=2.0))
     assert status == 200 and abs(len(fast) / len(normal) - 0.5) < 0.05
+    assert float(headers["x-omni-tts-audio-seconds"]) == pytest.approx(len(fast) / 2 / 24000, abs=5e-4)  # after speed
+
+
+def test_openai_model_and_voice_names(client, cv_server):
+    """What OpenAI clients send: tts-1 / gpt-4o-mini-tts are this model, alloy is the speaker vivian (names.py)."""
+    expected = offline_pcm("tiny-custom-voice", text="OpenAI names.", voice="vivian")
+    for model in ("tts-1", "gpt-4o-mini-tts"):
+        response = client.audio.speech.with_raw_response.create(model=model, voice="alloy", input="OpenAI names.",
+                                                                response_format="pcm", extra_body=GREEDY)
+        assert_pcm_close(response.content, expected)
+        assert float(response.headers["x-omni-tts-audio-seconds"]) == pytest.approx(
+            expected.shape[0] / 24000, abs=5e-4)
+        assert response.headers["x-omni-tts-finish-reason"] in ("stop", "length")
+        assert "x-omni-tts-voice-ignored" not in response.headers
+    assert [m.id for m in client.models.list().data] == [MODEL, "tts-1", "tts-1-hd", "gpt-4o-mini-tts",
+                                                         "gpt-4o-mini-tts-2025-12-15"]
+    voices = json.loads(request(cv_server.url + "/v1/audio/voices")[2])
+    assert voices["voice_aliases"]["alloy"] == "vivian" and voices["voice_aliases"]["onyx"] == "uncle_fu"
+    assert set(voices["voice_aliases"].values()) <= set(voices["voices"])
+
+
+def test_default_name_default_voice_and_no_aliases():
+    """--model as typed (relative, trailing slash) → served as the folder's name; --no-openai-aliases → tts-1 is
+    404; --default-voice (an OpenAI name) speaks requests that name no voice."""
+    server = ServerProcess("--model", os.path.relpath(FIXTURES / "tiny-custom-voice") + "/", "--no-openai-aliases",
+                           "--default-voice", "alloy")
+    try:
+        assert [m["id"] for m in json.loads(request(server.url + "/v1/models")[2])["data"]] == ["tiny-custom-voice"]
+        document = json.loads(request(server.url + "/openapi.json")[2])
+        assert document["components"]["schemas"]["SpeechRequest"]["properties"]["model"]["enum"] == [
+            "tiny-custom-voice"]
+        status, _, body = request(server.url + "/v1/audio/speech", dict(OK, model="tts-1"))
+        assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+        expected = offline_pcm("tiny-custom-voice", text="No voice given.", voice="vivian")
+        status, _, pcm = request(server.url + "/v1/audio/speech", dict(
+            GREEDY, model="tiny-custom-voice", input="No voice given.", response_format="pcm"))
+        assert status == 200
+        assert_pcm_close(pcm, expected)
+    finally:
+        server.stop()
+
+
+def test_a_default_voice_the_checkpoint_lacks_stops_the_start():
+    for checkpoint, flag, message in (("tiny-custom-voice", "nobody", "--default-voice 'nobody' is not a voice"),
+                                      ("tiny-voice-design", "alloy", "--default-voice needs a CustomVoice")):
+        done = subprocess.run([sys.executable, "-m", "omni_tts.entrypoints.cli", "serve", "--model",
+                               str(FIXTURES / checkpoint), "--default-voice", flag, "--port", str(free_port())],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("variant,kwargs", [
@@ -143,6 +189,16 @@ def test_voice_design_parity_streaming_and_not(variant, kwargs):
             status, _, body = request(server.url + "/v1/audio/speech", dict(payload, **extra))
             assert status == 200
             assert_pcm_close(body, expected)
+        # the openai SDK always sends a voice: ignored, and said so, whole or streamed
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        sdk_args = dict(model="tts-1", voice="alloy", input=kwargs["input"], instructions=kwargs["instructions"],
+                        response_format="pcm", extra_body=dict(GREEDY, language=kwargs["language"]))
+        response = client.audio.speech.with_raw_response.create(**sdk_args)
+        assert response.headers["x-omni-tts-voice-ignored"] == "alloy"
+        assert_pcm_close(response.content, expected)
+        with client.audio.speech.with_streaming_response.create(**sdk_args, stream_format="audio") as streamed:
+            assert streamed.headers["x-omni-tts-voice-ignored"] == "alloy"
+            assert_pcm_close(streamed.read(), expected)
     finally:
         server.stop()
 
@@ -180,18 +236,83 @@ def test_voice_clone_by_ref_audio_and_uploaded_voice(base_server):
     assert status == 400 and "unknown voice 'fox'" in json.loads(error)["error"]["message"]
 
 
+def test_openai_sdk_voices_create_list_use_delete(base_server):
+    """client.audio.voices.create / delete return populated SDK objects; the listing (a raw GET through the SDK: it
+    has no list method) parses as SDK voices; the voice speaks by id; deleting removes the clip from disk."""
+    client = openai.OpenAI(base_url=base_server.url + "/v1", api_key="unused")
+    with open(REF_WAV, "rb") as clip:
+        voice = client.audio.voices.create(name="Sdk-Voice", audio_sample=clip, consent="consent-1")
+    assert isinstance(voice, Voice)
+    assert (voice.id, voice.name, voice.object, voice.type) == ("Sdk-Voice", "Sdk-Voice", "audio.voice",
+                                                                "audio_sample")
+    assert isinstance(voice.created_at, int) and abs(voice.created_at - time.time()) < 60
+    folder = base_server.voices_dir / "sdk-voice"
+    clips = [p for p in folder.iterdir() if p.name.startswith("clip-")]
+    assert len(clips) == 1 and clips[0].read_bytes() == REF_WAV.read_bytes()
+    with open(REF_WAV, "rb") as clip:  # a re-upload is a new version of the voice
+        again = client.audio.voices.create(name="sdk-voice", audio_sample=clip, consent="consent-1")
+    assert again.created_at > voice.created_at
+    listing = client.get("/audio/voices", cast_to=object)
+    listed = [Voice.model_validate(v) for v in listing["data"]]
+    assert [(v.id, v.created_at) for v in listed if v.id.lower() == "sdk-voice"] == [("sdk-voice", again.created_at)]
+    assert listing["uploaded_voices"] == listing["data"] and "sdk-voice" in listing["voices"]
+
+    payload = dict(model="tts-1", input="Clone me.", response_format="pcm")
+    no_transcript = offline_pcm("tiny-base", text="Clone me.", ref_audio=str(REF_WAV), x_vector_only=True,
+                                language="english")
+    speech = client.audio.speech.create(voice={"id": "sdk-voice"}, extra_body=dict(GREEDY, language="english"),
+                                        **payload)
+    assert_pcm_close(speech.content, no_transcript)
+    # beside ref_audio, the voice the SDK insists on is ignored, and said so
+    with_transcript = offline_pcm("tiny-base", text="Clone me.", ref_audio=str(REF_WAV), ref_text=REF_TEXT,
+                                  language="english")
+    cloned = client.audio.speech.with_raw_response.create(voice="alloy", extra_body=dict(
+        GREEDY, language="english", ref_audio=str(REF_WAV), ref_text=REF_TEXT), **payload)
+    assert cloned.headers["x-omni-tts-voice-ignored"] == "alloy"
+    assert_pcm_close(cloned.content, with_transcript)
+
+    deleted = client.audio.voices.delete("SDK-VOICE")
+    assert isinstance(deleted, VoiceDeleted)
+    assert (deleted.id, deleted.deleted, deleted.object) == ("sdk-voice", True, "audio.voice.deleted")
+    assert not folder.exists()
+    with pytest.raises(openai.NotFoundError):
+        client.audio.voices.delete("sdk-voice")
+
+
 def test_health_models_metrics(cv_server):
     status, _, body = request(cv_server.url + "/health")
     assert status == 200 and json.loads(body) == {"status": "healthy"}
     status, _, body = request(cv_server.url + "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
     status, _, body = request(cv_server.url + "/metrics")
-    text = body.decode()
-    for family in ("omni_tts_requests_total", "omni_tts_ttfp_seconds", "omni_tts_rtf", "omni_tts_audio_seconds_total",
-                   "omni_tts_queue_depth", "omni_tts_in_flight", "omni_tts_stage_step_seconds",
-                   "omni_tts_connector_latency_seconds", "omni_tts_connector_chunks",
-                   'omni_tts_talker_waiting_for_text{waiting="prefill"}'):
-        assert family in text, family
+    assert status == 200 and "omni_tts_requests_total" in body.decode()  # the families: test_metrics.py
+
+
+def test_ready_line_access_log_and_version(cv_server):
+    """The ready line names the model, the served name, the URL and each stage; every request gets an access-log
+    line under its X-Request-Id (speech: audio seconds and time to first audio), which never holds the text."""
+    text = "Quartz zebras whisper seventeen secrets."
+    status, headers, body = request(cv_server.url + "/v1/audio/speech", dict(GREEDY, model=MODEL, voice="ryan",
+                                                                              input=text, response_format="pcm"))
+    assert status == 200
+    seconds = len(body) / 2 / 24000
+    status, version_headers, version = request(cv_server.url + "/version")
+    assert status == 200 and json.loads(version) == {"version": importlib.metadata.version("omni_tts")}
+    speech_line = f'{headers["X-Request-Id"]} 127.0.0.1 "POST /v1/audio/speech" 200 '
+    version_line = f'{version_headers["X-Request-Id"]} 127.0.0.1 "GET /version" 200 '
+    deadline = time.monotonic() + 5  # a line is written once its response has gone out
+    while version_line not in (output := cv_server.output()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ready = next(line for line in output.splitlines() if " ready: " in line)
+    threads = {stage: f"{n} torch thread{'s' if n > 1 else ''}"
+               for stage, n in stage_threads(load_stage_config("cpu_tiny")).items()}
+    assert (f"ready: serving {FIXTURES / 'tiny-custom-voice'} as '{MODEL}' at {cv_server.url}; "
+            f"talker on cpu (float32, max batch 32, {threads['talker']}); "
+            f"code2wav on cpu (float32, max batch 32, {threads['code2wav']})") in ready
+    access = next(line for line in output.splitlines() if speech_line in line)
+    assert f" audio={seconds:.3f}s ttfp=" in access and " INFO omni_tts.access: " in access
+    assert version_line in output
+    assert text not in output and "Quartz" not in output
 
 
 OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm")
@@ -203,8 +324,8 @@ BAD_REQUESTS = [
     ("unknown field", dict(OK, colour="blue"), 400, "unknown field 'colour'"),
     ("empty input", dict(OK, input="   "), 400, "input must not be empty"),
     ("input too long", dict(OK, input="a" * 4097), 400, "invalid 'input'"),
-    ("wrong model", dict(OK, model="tts-1"), 404, "model 'tts-1' is not served"),
-    ("unknown voice", dict(OK, voice="alloy"), 400, "unknown voice 'alloy'"),
+    ("wrong model", dict(OK, model="whisper-1"), 404, "model 'whisper-1' is not served"),
+    ("unknown voice", dict(OK, voice="nobody"), 400, "unknown voice 'nobody'"),
     ("voice object unknown", dict(OK, voice={"id": "nobody"}), 400, "unknown voice 'nobody'"),
     ("missing voice", {k: v for k, v in OK.items() if k != "voice"}, 400, "voice is required"),
     ("bad response_format", dict(OK, response_format="ogg"), 400, "invalid 'response_format'"),

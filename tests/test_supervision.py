@@ -49,10 +49,11 @@ def segments(owner_pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{owner_pid}_")]
 
 
-async def fault_then_recover(fault, **engine_kwargs) -> None:
+async def fault_then_recover(fault, reason: str = "", **engine_kwargs) -> None:
     """Start an engine, run 4 long requests, inject `fault(engine)`, and check: every in-flight request fails within
-    2 s (+ the heartbeat timeout for a hang), requests during recovery are refused, the pipeline is healthy again
-    within RECOVERY_SECONDS and a greedy request equals its golden audio; at shutdown nothing is left."""
+    2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
+    recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
+    golden audio; at shutdown nothing is left."""
     engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
     await engine.start()
     old_pids = engine.stage_pids()
@@ -65,6 +66,7 @@ async def fault_then_recover(fault, **engine_kwargs) -> None:
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=15)
         failed_after = time.monotonic() - faulted_at
         assert all(isinstance(r, StageDeadError) for r in results), results
+        assert all(str(r).startswith(f"stage {expected_stage} failed: {reason}") for r in results), results
         assert failed_after < 2.0 + engine_kwargs.get("heartbeat_timeout", 0), failed_after
         assert engine.restarts[expected_stage] >= 1 or engine.down == expected_stage
         if not engine.is_healthy:
@@ -91,7 +93,7 @@ def test_killed_stage_fails_requests_fast_and_the_pipeline_restarts(stage):
     def kill(engine):
         os.kill(engine.stage_pids()[stage], signal.SIGKILL)
         return stage
-    asyncio.run(fault_then_recover(kill))
+    asyncio.run(fault_then_recover(kill, reason="killed by signal SIGKILL"))
 
 
 def test_stopped_stage_is_declared_hung_killed_and_restarted():
@@ -101,7 +103,7 @@ def test_stopped_stage_is_declared_hung_killed_and_restarted():
         stopped.append(engine.stage_pids()["code2wav"])
         os.kill(stopped[0], signal.SIGSTOP)
         return "code2wav"
-    asyncio.run(fault_then_recover(stop, heartbeat_timeout=1.5))
+    asyncio.run(fault_then_recover(stop, reason="hung: no heartbeat", heartbeat_timeout=1.5))
     assert not alive(stopped[0])
 
 
@@ -120,7 +122,7 @@ def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
             sock.send(struct.pack("<I", slot))
             sock.close(linger=1000)
         return "code2wav"
-    asyncio.run(fault_then_recover(corrupt))
+    asyncio.run(fault_then_recover(corrupt, reason="ThreadFailed: code2wav connector thread failed"))
 
 
 def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
@@ -130,7 +132,7 @@ def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
             sock.send(b"\xc1 not msgpack")
             sock.close(linger=1000)
         return "orchestrator"
-    asyncio.run(fault_then_recover(garbage_event))
+    asyncio.run(fault_then_recover(garbage_event, reason="DecodeError: "))
 
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
@@ -227,6 +229,14 @@ def _health(port: int) -> tuple[int, dict]:
     return response.status, json.loads(response.read())
 
 
+def _talker_steps(port: int) -> float:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('omni_tts_stage_steps_total{stage="talker"}'))
+
+
 def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", "m")
     try:
@@ -240,6 +250,7 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         whole.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), stream=False)),
                       {"Content-Type": "application/json"})
         time.sleep(0.3)
+        steps_before = _talker_steps(server.port)
         os.kill(stage_pids(server.proc.pid)[0], signal.SIGKILL)
         killed_at = time.monotonic()
         with pytest.raises(http.client.IncompleteRead) as cut:  # not a second response inside the body
@@ -264,5 +275,6 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         ok.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), max_new_tokens=10, stream=False)),
                    {"Content-Type": "application/json"})
         assert ok.getresponse().status == 200
+        assert _talker_steps(server.port) > steps_before  # a counter: the restarted stage adds to it
     finally:
         server.stop()

@@ -203,6 +203,9 @@ def test_api_key_guards_every_route_but_health(guarded_server):
             assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
     status, models = call(guarded_server, "GET", "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     assert status == 200 and models["data"][0]["id"] == MODEL
+    # the docs page is static and asks its reader for the key: a browser cannot send the header on navigation
+    status, page = call(guarded_server, "GET", "/docs")
+    assert status == 200 and page.startswith(b"<!DOCTYPE html>")
 
 
 # --- decompression bombs and library text ------------------------------------------------------------------------
@@ -255,6 +258,16 @@ def test_malformed_uploads_are_400(plain_server):
         (form(part("name", b"v"), part("ref_text", b"x" * (MAX_REF_TEXT_CHARS + 1)), clip), FORM, "ref_text"),
         (form(part("name", b"../etc"), clip), FORM, "name"),
         (form(part("name", b"v")), FORM, "audio_sample"),
+        (form(clip), FORM, "name"),
+        # strict: unknown fields (refused unread), repeats (an alias counts as its field), text sent as a file,
+        # OpenAI's prompt-designed voices
+        (form(part("name", b"v"), part("colour", b"blue"), clip), FORM, "colour"),
+        (form(part("name", b"v"), part("speaker_embedding", b"[0.1]"), clip), FORM, "speaker_embedding"),
+        (form(part("name", b"v"), part("name", b"w"), clip), FORM, "name"),
+        (form(part("name", b"v"), clip, part("file", CLIP, "v.wav")), FORM, "audio_sample"),
+        (form(part("name", b"v", "name.txt", "text/plain"), clip), FORM, "name"),
+        (form(part("name", b"v"), part("type", b"prompt"), clip), FORM, "type"),
+        (form(part("name", b"v"), part("consent", b"c" * 2000), clip), FORM, "consent"),
     ]
     for body, headers, param in cases:
         error = assert_error(call(plain_server, "POST", "/v1/audio/voices", body, headers), 400, None)

@@ -157,7 +157,7 @@ def test_bodies_over_the_limit_are_413_declared_or_chunked(server):
 def test_requests_total_counts_every_response(server):
     outcomes = {"400": [b"{nope", b"\xff", b"[]", json.dumps(dict(OK, top_k=2 ** 64)).encode(),
                         json.dumps(dict(OK, colour="blue")).encode()],
-                "404": [json.dumps(dict(OK, model="tts-1")).encode()],
+                "404": [json.dumps(dict(OK, model="whisper-1")).encode()],
                 "200": [json.dumps(OK).encode()]}
     before = {status: _metric(server, f'omni_tts_requests_total{{status="{status}"}}') for status in outcomes}
     for status, bodies in outcomes.items():
@@ -187,7 +187,8 @@ def test_concurrent_scrapes_all_get_the_stage_figures_quickly(server):
             results = list(pool.map(lambda _: scrape(), range(5)))
         for took, text in results:
             assert took < 1.5, took  # a lost answer waits out the 2 s stats timeout
-            assert 'omni_tts_stage_steps{stage="talker"}' in text and 'omni_tts_stage_steps{stage="code2wav"}' in text
+            assert 'omni_tts_stage_steps_total{stage="talker"}' in text
+            assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
 
 
 def test_ref_text_beyond_the_talkers_limit_is_400(base_server):

@@ -9,6 +9,7 @@ import os
 import re
 import struct
 import threading
+import time
 import urllib.parse
 
 import numpy as np
@@ -361,18 +362,21 @@ def test_voice_store_lifecycle(tmp_path):
     store = make_store(tmp_path)
     first = store.add("Fox", CLIP, " The quick brown fox. ", "yes")
     assert isinstance(first, VoiceRecord) and first.name == "Fox" and first.ref_text == "The quick brown fox."
-    assert first.to_json() == {"name": "Fox", "ref_text": "The quick brown fox.", "created_at": first.created_at,
+    assert first.to_json() == {"id": "Fox", "object": "audio.voice", "type": "audio_sample", "name": "Fox",
+                               "ref_text": "The quick brown fox.", "created_at": first.created_at,
                                "file_size": len(CLIP), "mime_type": "audio/wav",
                                "duration_s": round(len(CLIP_WAV) / 24000, 3), "consent": "yes"}
+    assert isinstance(first.created_at, int) and abs(first.created_at - time.time()) < 60
+    assert "fox" in store and "FOX" in store and "fo" not in store
     assert record_of(store, "fox") == first and record_of(store, "FOX") == first and store.load("fo") is None
     record, samples = store.load("fox")
     np.testing.assert_array_equal(samples, CLIP_WAV)
     assert store.load("fox")[1] is samples and not samples.flags.writeable  # cached, shared, read-only
-    # re-upload (any case) replaces and bumps created_at strictly, even in a tight loop
+    # re-upload (any case) replaces and bumps created_at strictly, in whole seconds, even in a tight loop
     stamps = [first.created_at]
     for _ in range(3):
         stamps.append(store.add("fox", CLIP_22K, None, None).created_at)
-    assert stamps == sorted(stamps) and len(set(stamps)) == 4
+    assert stamps == sorted(stamps) and len(set(stamps)) == 4 and all(isinstance(t, int) for t in stamps)
     latest, samples = store.load("Fox")
     assert latest.name == "fox" and latest.ref_text is None and latest.sample_rate == 22050
     assert samples.shape[0] == resampled_length(N_22K, 22050)
@@ -387,7 +391,7 @@ def test_voice_store_lifecycle(tmp_path):
     store.add("b", CLIP, "text", "consent-id-1")
     store.add("a", CLIP, None, None)
     assert [v.name for v in store.list()] == ["a", "b", "fox"] and len(store) == 3
-    assert store.delete("FOX") and not store.delete("fox") and store.load("fox") is None
+    assert store.delete("FOX") == latest and store.delete("fox") is None and store.load("fox") is None
     assert [v.name for v in store.list()] == ["a", "b"]
     assert not store.delete("../etc") and not store.delete("")
 
@@ -420,6 +424,20 @@ def test_persistence_and_corrupt_entries(tmp_path, caplog):
                                                                                 "meta.json"]
     # created_at keeps increasing after a restart
     assert restored.add("bee", CLIP, None, None).created_at > b.created_at
+
+
+def test_fractional_created_at_of_older_stores_is_restored_rounded_up(tmp_path):
+    """Stores written when created_at was a float: each voice comes back with an integer version, and new uploads
+    still get later ones."""
+    store = make_store(tmp_path)
+    store.add("old", CLIP, None, None)
+    meta_path = tmp_path / "voices" / "old" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["created_at"] = 4_000_000_000.25  # later than the clock: the next upload must still come after it
+    meta_path.write_text(json.dumps(meta))
+    restored = VoiceStore(store.root)
+    assert record_of(restored, "old").created_at == 4_000_000_001
+    assert restored.add("new", CLIP, None, None).created_at == 4_000_000_002
 
 
 def test_replaced_and_deleted_clips_leave_the_disk_at_once(tmp_path):

@@ -1,4 +1,4 @@
-"""Stage-config schema and loader (`stage_configs/*.yaml` -> `PipelineConfig`)."""
+"""Stage-config schema and loader (`omni_tts/stage_configs/*.yaml` -> `PipelineConfig`)."""
 from omni_tts.config.stage_config import (
     STAGE_CONFIG_DIR,
     Code2WavStageConfig,

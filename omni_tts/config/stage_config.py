@@ -1,6 +1,6 @@
 """Stage config: where each pipeline stage runs and how big its batches, caches and rings are.
 
-One YAML file per device layout lives in `stage_configs/` at the repo root. The model directory, not the YAML,
+One YAML file per device layout ships in the package, `omni_tts/stage_configs/`. The model directory, not the YAML,
 decides the architecture, so nothing here describes model shapes. `load_stage_config` checks everything once, with
 msgspec's typed conversion, and turns every problem into a `StageConfigError` naming the file and the dotted key:
 
@@ -26,7 +26,7 @@ __all__ = [
     "load_stage_config", "parse_stage_config", "stage_config_from_dict", "STAGE_CONFIG_DIR",
 ]
 
-STAGE_CONFIG_DIR = Path(__file__).resolve().parents[2] / "stage_configs"
+STAGE_CONFIG_DIR = Path(__file__).resolve().parents[1] / "stage_configs"  # package data (pyproject.toml)
 
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")]
 DType = Literal["float32", "bfloat16", "float16"]  # names of torch dtypes: getattr(torch, dtype)
@@ -92,6 +92,10 @@ class StagesConfig(_Config):
     talker: TalkerStageConfig
     code2wav: Code2WavStageConfig
 
+    def by_name(self) -> dict[str, TalkerStageConfig | Code2WavStageConfig]:
+        """The stages in pipeline order, by the names their processes and messages use."""
+        return {"talker": self.talker, "code2wav": self.code2wav}
+
 
 class ConnectorConfig(_Config):
     """Shared-memory chunk ring between talker and code2wav; a frame is one step's 16 codes."""
@@ -133,7 +137,7 @@ class PipelineConfig(_Config):
 # ---- loading ---------------------------------------------------------------------------------------------------
 
 def available_stage_configs() -> list[str]:
-    """Names of the shipped configs (`stage_configs/<name>.yaml`)."""
+    """Names of the shipped configs (`omni_tts/stage_configs/<name>.yaml`)."""
     return sorted(p.stem for p in STAGE_CONFIG_DIR.glob("*.yaml"))
 
 

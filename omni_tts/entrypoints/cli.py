@@ -1,17 +1,62 @@
-"""`omni-tts` command line: offline synthesis and random-weight checkpoints."""
+"""`omni-tts` command line: the OpenAI-compatible server, offline synthesis and random-weight checkpoints."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import signal
+import socket
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
-import numpy as np
+from omni_tts import package_version
+from omni_tts.config import available_stage_configs
+from omni_tts.log import LOG_LEVELS, configure_logging
+from omni_tts.models.qwen3_tts.config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
+
+if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before these (and torch) are loaded
+    from omni_tts.audio.ref_audio import UrlPolicy
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+
+logger = logging.getLogger("omni_tts.cli")
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """A usage error is one line, `omni-tts serve: error: …` (exit status 2), as every other CLI error: the usage
+    of `serve` alone is a screenful that would bury it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (None, off, empty): the help text says what
+    leaving such an option out means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _add_log_level(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--log-level", choices=LOG_LEVELS, default=default,
+                   help="omni_tts's log messages from this level up (the server's access log is info)")
+
+
+def _port(value: str) -> int:
+    """argparse type of --port: a TCP port number; 0 = any free port (the ready line names it)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..65535, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
+    return port
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("synthesize", help="synthesize one utterance offline")
+    p = sub.add_parser("synthesize", help="synthesize one utterance offline", formatter_class=_HelpFormatter)
     p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
     p.add_argument("--text", required=True)
     p.add_argument("--task-type", choices=["CustomVoice", "VoiceDesign", "Base"])
@@ -22,40 +67,51 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ref-text", help="transcript of --ref-audio (ICL cloning)")
     p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--non-streaming-mode", dest="non_streaming_mode", action="store_true", default=None)
-    mode.add_argument("--streaming-mode", dest="non_streaming_mode", action="store_false")
-    p.add_argument("--temperature", type=float, help="0 = greedy")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--repetition-penalty", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    mode.add_argument("--non-streaming-mode", dest="non_streaming_mode", action="store_true", default=None,
+                      help="prompt layout with the whole text up front (default: for every task but Base)")
+    mode.add_argument("--streaming-mode", dest="non_streaming_mode", action="store_false",
+                      help="prompt layout that feeds the text as it generates (default: for Base)")
+    checkpoint = "(default: the checkpoint's generation_config.json)"
+    p.add_argument("--temperature", type=float, help=f"0 = greedy {checkpoint}")
+    p.add_argument("--top-k", type=int, help=checkpoint)
+    p.add_argument("--top-p", type=float, help=checkpoint)
+    p.add_argument("--repetition-penalty", type=float, help=checkpoint)
+    p.add_argument("--seed", type=int, help="sampling seed (default: a random one)")
+    p.add_argument("--max-new-tokens", type=int, help=checkpoint)
+    p.add_argument("--device", default="cpu", help="torch device to run on")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     p.add_argument("--out", required=True, help="FILE.wav (16-bit PCM, 24 kHz) or FILE.npy (float32 samples)")
     p.add_argument("--codes-out", help="FILE.npy for the [T, 16] codes")
+    _add_log_level(p, "warning")
 
 
 def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
-    from omni_tts.models.qwen3_tts.random_model import PRESETS, VARIANTS
-
-    p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)")
+    p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)",
+                       formatter_class=_HelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--variant", required=True, choices=VARIANTS)
-    p.add_argument("--preset", default="tiny", choices=PRESETS)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", required=True, choices=MODEL_TYPES, help="the checkpoint's tts_model_type")
+    p.add_argument("--preset", default="tiny", choices=RANDOM_MODEL_PRESETS, help="model size")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="dtype of model.safetensors (the speech tokenizer is always fp32, as released)")
+    _add_log_level(p, "warning")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server", formatter_class=_HelpFormatter)
     p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
-    p.add_argument("--stage-config", help="stage layout: a name in stage_configs/ or a YAML path "
-                                          "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the `model` value clients send (default: the model's name)")
+    p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
+                                          "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port to listen on; 0 = any free port")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the `model` values clients send; the first is the primary, listed first in /v1/models "
+                        "(default: the checkpoint folder's name)")
+    p.add_argument("--no-openai-aliases", dest="openai_aliases", action="store_false",
+                   help="do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, gpt-4o-mini-tts, "
+                        "gpt-4o-mini-tts-2025-12-15)")
+    p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
+                                           "OpenAI voice name (default: such requests are refused)")
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
@@ -66,7 +122,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "(loopback, private, link-local); repeatable or comma-separated")
     p.add_argument("--voices-quota-mb", type=int, default=1024,
                    help="total size of the uploaded voices' clips, in MiB; uploads beyond are answered 413")
-    p.add_argument("--api-key", default=os.environ.get("OMNI_TTS_API_KEY"),
+    p.add_argument("--api-key",  # the default is read later: --help must not print the key
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
     p.add_argument("--body-read-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive before the server answers 408")
@@ -81,20 +137,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
     p.add_argument("--max-restarts", type=int, default=5,
                    help="pipeline restarts within 10 minutes beyond which the server gives up and exits 1")
+    _add_log_level(p, "info")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-
-    import torch
-    from aiohttp import web
-
     from omni_tts.audio.ref_audio import UrlPolicy
-    from omni_tts.config import load_stage_config, set_torch_threads
-    from omni_tts.entrypoints.server import ServerConfig, build_app
-    from omni_tts.models.qwen3_tts.random_model import default_model_dir
-    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
-    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
@@ -106,42 +153,109 @@ def _serve(args: argparse.Namespace) -> int:
     ref_audio_urls = UrlPolicy.parse(allowed_hosts) if args.allow_remote_ref_audio else None
     if not args.body_read_timeout > 0:
         raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
-    model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
-    pipeline = load_stage_config(args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny"))
-    name = args.served_model_name or (args.model or os.path.basename(model_dir.rstrip("/")))
-    try:
-        import uvloop
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
-    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
     if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0
             and args.stream_idle_timeout > 0):
         raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout, --request-timeout and "
                          "--stream-idle-timeout must be > 0")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    try:
+        listener = _listen(args.host, args.port)
+    except OSError as e:
+        _error("serve", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return 1
+    with listener:
+        return _serve_on(listener, args, ref_audio_urls)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, listening before the model loads: a busy port fails at once, no other process can take
+    the port meanwhile, and connections made while the model loads wait in the backlog until it serves."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio would: restarts reuse the port at once
+        sock.bind(address)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
+    """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
+    import asyncio
+
+    import prometheus_client
+    import torch
+    from aiohttp import web
+
+    from omni_tts.config import load_stage_config, set_torch_threads
+    from omni_tts.entrypoints.names import default_served_model_name
+    from omni_tts.entrypoints.server import AccessLogger, ServerConfig, build_app
+    from omni_tts.models.qwen3_tts.random_model import default_model_dir
+    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine, StageDeadError
+
+    model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
+    stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
+    pipeline = load_stage_config(stage_config)
+    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
+    try:
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
+    # own (`…_created`, unit-less): noise beside the conventional names of /metrics
+    prometheus_client.disable_created_metrics()
     engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                             max_restarts=args.max_restarts)
     # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+    api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     app = build_app(engine, ServerConfig(
-        served_model_name=name, max_queue=args.max_queue, voices_dir=args.voices_dir,
+        served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
+        max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
-        ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=args.api_key or None,
+        ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
         stream_idle_timeout=args.stream_idle_timeout))
-    logging.getLogger("omni_tts").setLevel(logging.INFO)
-    print(f"omni-tts: serving {model_dir} as '{name}' on http://{args.host}:{args.port} (torch threads: "
-          f"{', '.join(f'{stage} {n}' for stage, n in engine.threads.items())})", file=sys.stderr)
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
+    url = _url(listener)
+    logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
+                stage_config, url)
+    ready = _ready_line(engine, model_dir, names, url)
+    try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
+        web.run_app(app, sock=listener, handler_cancellation=True, print=lambda _banner: logger.info("%s", ready),
+                    access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
+    except StageDeadError as e:  # a stage did not start
+        _error("serve", f"the pipeline did not start: {e}")
+        return 1
     if engine.fatal is not None:
-        print(f"omni-tts serve: error: {engine.fatal}", file=sys.stderr)
+        _error("serve", engine.fatal)
         return 1
     return 0
 
 
+def _url(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _ready_line(engine: AsyncTTSEngine, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
+    stages = "; ".join(
+        f"{name} on {cfg.device} ({cfg.dtype}, max batch {engine.batch_sizes[name]}, "
+        f"{engine.threads[name]} torch thread{'s' if engine.threads[name] > 1 else ''})"
+        for name, cfg in engine.pipeline.stages.by_name().items())
+    names = ", ".join(f"'{name}'" for name in served_model_names)
+    return f"ready: serving {model_dir} as {names} at {url}; {stages}"
+
+
 def _synthesize(args: argparse.Namespace) -> int:
+    import numpy as np
     import torch
 
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
@@ -191,22 +305,24 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _error(command: str, message: str) -> None:
+    print(f"omni-tts {command}: error: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="omni-tts", description=__doc__)
+    parser = _ArgumentParser(prog="omni-tts", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_synthesize(sub)
     _add_make_tiny_model(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(getattr(logging, args.log_level.upper()))
     handlers = {"serve": _serve, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
-    from omni_tts.models.qwen3_tts.config import ConfigError
-    from omni_tts.models.qwen3_tts.weights import WeightsError
-
     try:
         return handlers[args.command](args)
     except (ValueError, ConfigError, WeightsError, FileExistsError) as e:
-        print(f"omni-tts {args.command}: error: {e}", file=sys.stderr)
+        _error(args.command, str(e))
         return 2
 
 

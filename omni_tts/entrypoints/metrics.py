@@ -1,13 +1,25 @@
-"""Prometheus metrics of one server (its own registry, so several apps can live in one process)."""
+"""Prometheus metrics of one server (its own registry, so several apps can live in one process).
+
+Names follow Prometheus' conventions, as vLLM's /metrics does: `omni_tts_` prefix, counters end in `_total`, base
+units as suffixes (`_seconds`), distributions as histograms (never means or quantile-labelled gauges). The real-time
+factor is generation time ÷ audio duration, dimensionless and unbounded above (> 1: slower than real time), so it is
+`omni_tts_request_real_time_factor`: `_ratio` is kept for fractions in [0, 1]. tests/test_metrics.py lints the
+exposition against these rules.
+
+The stages count their own steps and step times (StageStats); `StageCollector` turns each scrape's figures into
+counters and histograms that never go down, across stage restarts as well.
+"""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from omni_tts.stages.protocol import StageStats
+from omni_tts.stages.protocol import DurationHistogram, StageStats
 
-_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -22,20 +34,14 @@ class ServerMetrics:
                                 registry=r)
         self.queue_depth = Gauge("omni_tts_queue_depth", "Admitted requests waiting for their first audio", registry=r)
         self.in_flight = Gauge("omni_tts_in_flight", "Admitted requests not finished", registry=r)
-        self.ttfp = Histogram("omni_tts_ttfp_seconds", "Request arrival to first audio byte", registry=r,
+        self.ttfp = Histogram("omni_tts_ttfp_seconds", "Request arrival to first audio", registry=r,
                               buckets=_LATENCY_BUCKETS)
-        self.rtf = Histogram("omni_tts_rtf", "Generation time / audio duration per request", registry=r,
-                             buckets=_RTF_BUCKETS)
+        self.e2e_latency = Histogram("omni_tts_e2e_request_latency_seconds", "Request arrival to its last audio",
+                                     registry=r, buckets=_LATENCY_BUCKETS)
+        self.real_time_factor = Histogram("omni_tts_request_real_time_factor", "Per request: arrival to last "
+                                          "audio, divided by the audio's duration (below 1: faster than real time)",
+                                          registry=r, buckets=_RTF_BUCKETS)
         self.audio_seconds = Counter("omni_tts_audio_seconds", "Audio produced", registry=r)
-        self.step_seconds = Gauge("omni_tts_stage_step_seconds", "Mean engine step time per stage", ["stage"],
-                                  registry=r)
-        self.stage_steps = Gauge("omni_tts_stage_steps", "Engine steps per stage", ["stage"], registry=r)
-        self.stage_requests = Gauge("omni_tts_stage_requests", "Requests held by each stage", ["stage"], registry=r)
-        self.connector_latency = Gauge("omni_tts_connector_latency_seconds",
-                                       "talker put() → code2wav receipt per chunk, over recent chunks", ["quantile"],
-                                       registry=r)
-        self.connector_chunks = Gauge("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring",
-                                      registry=r)
         self.waiting_for_text = Gauge(
             "omni_tts_talker_waiting_for_text", "Text-stream requests waiting for text: before their prefill "
             "(prefill: it needs the first text token; an ICL voice clone as many as its reference has frames), or "
@@ -43,6 +49,8 @@ class ServerMetrics:
         self.stage_up = Gauge("omni_tts_stage_up", "1 while every stage process is alive", registry=r)
         self.restarts = Counter("omni_tts_pipeline_restarts", "Pipeline restarts, by the stage whose failure (exit, "
                                 "error, hang; orchestrator: its own task) caused them", ["stage"], registry=r)
+        self.stages = StageCollector()
+        r.register(self.stages)
         self._restarts_counted: dict[str, int] = {}
 
     def observe_stages(self, stats: dict[str, StageStats], healthy: bool, restarts: Mapping[str, int]) -> None:
@@ -50,18 +58,95 @@ class ServerMetrics:
         for name, count in restarts.items():  # the engine counts; the counter catches up at each scrape
             self.restarts.labels(name).inc(count - self._restarts_counted.get(name, 0))
             self._restarts_counted[name] = count
-        for name, s in stats.items():
-            self.stage_steps.labels(name).set(s.num_steps)
-            self.stage_requests.labels(name).set(len(s.request_ids))
-            self.step_seconds.labels(name).set(s.step_seconds / s.num_steps if s.num_steps else 0.0)
+        self.stages.update(stats)
         if "talker" in stats:
             self.waiting_for_text.labels("prefill").set(stats["talker"].prompts_waiting_for_text)
             self.waiting_for_text.labels("row").set(stats["talker"].rows_waiting_for_text)
-        if "code2wav" in stats:
-            ring = stats["code2wav"]
-            self.connector_chunks.set(ring.connector_chunks)
-            self.connector_latency.labels("0.5").set(ring.connector_latency_p50)
-            self.connector_latency.labels("0.99").set(ring.connector_latency_p99)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _added(a: DurationHistogram | None, b: DurationHistogram | None) -> DurationHistogram | None:
+    if a is None or b is None:
+        return a or b
+    return DurationHistogram(a.bounds, [x + y for x, y in zip(a.counts, b.counts)], a.sum + b.sum)
+
+
+@dataclass
+class _StageTotals:
+    """One stage's figures: the latest report of its current process, and the sums its earlier processes reported
+    last (what they counted after that is lost with them)."""
+    latest: StageStats
+    earlier_steps: int = 0
+    earlier_chunks: int = 0
+    earlier_step_durations: DurationHistogram | None = None
+    earlier_connector_latencies: DurationHistogram | None = None
+
+    def update(self, stats: StageStats) -> None:
+        if stats.pid != self.latest.pid:  # a restarted stage counts from zero again
+            self.earlier_steps += self.latest.num_steps
+            self.earlier_chunks += self.latest.connector_chunks
+            self.earlier_step_durations = _added(self.earlier_step_durations, self.latest.step_durations)
+            self.earlier_connector_latencies = _added(self.earlier_connector_latencies,
+                                                      self.latest.connector_latencies)
+        self.latest = stats
+
+    @property
+    def steps(self) -> int:
+        return self.earlier_steps + self.latest.num_steps
+
+    @property
+    def chunks(self) -> int:
+        return self.earlier_chunks + self.latest.connector_chunks
+
+    @property
+    def step_durations(self) -> DurationHistogram:
+        return _added(self.earlier_step_durations, self.latest.step_durations)
+
+    @property
+    def connector_latencies(self) -> DurationHistogram | None:
+        return _added(self.earlier_connector_latencies, self.latest.connector_latencies)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: DurationHistogram) -> None:
+    cumulative, buckets = 0, []
+    for bound, count in zip([*map(str, histogram.bounds), "+Inf"], histogram.counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    family.add_metric(labels, buckets, histogram.sum)
+
+
+class StageCollector:
+    """The stages' own figures (steps, step times, the ring's chunks and latency) as Prometheus families, from the
+    latest scrape's StageStats; a figure keeps its last value while the stages cannot answer."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, _StageTotals] = {}
+
+    def update(self, stats: dict[str, StageStats]) -> None:
+        for name, s in stats.items():
+            if name in self._totals:
+                self._totals[name].update(s)
+            else:
+                self._totals[name] = _StageTotals(latest=s)
+
+    def describe(self) -> list[Metric]:
+        return []  # names are checked at registration by collect() otherwise, before any stage has reported
+
+    def collect(self) -> Iterator[Metric]:
+        steps = CounterMetricFamily("omni_tts_stage_steps", "Engine steps per stage", labels=["stage"])
+        step_seconds = HistogramMetricFamily("omni_tts_stage_step_duration_seconds", "Time inside one engine step",
+                                             labels=["stage"])
+        requests = GaugeMetricFamily("omni_tts_stage_requests", "Requests held by each stage", labels=["stage"])
+        chunks = CounterMetricFamily("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring")
+        latency = HistogramMetricFamily("omni_tts_connector_latency_seconds",
+                                        "Talker put() to code2wav taking the chunk, per ring chunk")
+        for name, totals in sorted(self._totals.items()):
+            steps.add_metric([name], totals.steps)
+            _histogram(step_seconds, [name], totals.step_durations)
+            requests.add_metric([name], len(totals.latest.request_ids))
+            if totals.connector_latencies is not None:  # the stage that receives from the ring
+                chunks.add_metric([], totals.chunks)
+                _histogram(latency, [], totals.connector_latencies)
+        yield from (steps, step_seconds, requests, chunks, latency)

@@ -1,23 +1,29 @@
 """The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
 
-The speech request schema is derived from `SpeechRequest` (msgspec), so the document states exactly what the
-server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed to the one served model, which
-the server enforces (404 otherwise). tests/test_openapi.py checks that every route of the app is documented, and
-tests/test_fuzz.py drives the server with inputs generated from this document.
+The speech request and voice upload schemas are derived from `SpeechRequest` and `VoiceUpload` (msgspec), so the
+document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is
+narrowed to the names the server answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
+every route of the app is documented, and tests/test_fuzz.py drives the server with inputs generated from this
+document. GET /docs renders it in the browser (static/docs.html, no outside host).
 """
 from __future__ import annotations
 
+import importlib.resources
 import json
+from collections.abc import Sequence
 from typing import get_args
 
 import msgspec
 from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
-from omni_tts.entrypoints.protocol import ClientMessage, ResponseFormat, SpeechRequest
-from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
+from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
+from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage, ResponseFormat, SpeechRequest,
+                                           VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
+# routes an API key does not guard: a health probe, and a static page (it asks the browser's user for the key)
+OPEN_PATHS = ("/health", "/docs")
 
 
 def _json(schema_name: str, description: str) -> dict:
@@ -33,33 +39,35 @@ _ERROR_RESPONSE = {
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-_VOICE = {
+_VOICE = {  # VoiceRecord.to_json
     "type": "object",
-    "required": ["name", "ref_text", "created_at", "file_size", "mime_type", "duration_s", "consent"],
-    "properties": {"name": {"type": "string"}, "ref_text": {"type": ["string", "null"]},
-                   "created_at": {"type": "number"}, "file_size": {"type": "integer"},
-                   "mime_type": {"type": "string"}, "duration_s": {"type": "number"},
-                   "consent": {"type": ["string", "null"]}}}
-_VOICE_LIST = {"type": "object", "required": ["voices", "uploaded_voices"], "properties": {
-    "voices": {"type": "array", "items": {"type": "string"}},
-    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}}}}
-_VOICE_UPLOAD = {  # the multipart form read by server.read_voice_form
-    "type": "object", "required": ["name", "audio_sample"],
-    "properties": {
-        "name": {"type": "string", "description": "1–64 letters, digits, '_', '.' or '-', not starting with '.'; "
-                                                  "an existing voice of that name (any case) is replaced"},
-        "audio_sample": {"type": "string", "contentMediaType": "application/octet-stream",
-                         "description": "the reference clip: wav, flac, ogg or mp3 (sniffed, not trusted by MIME "
-                                        "type); the field may also be called `file`"},
-        "ref_text": {"type": "string", "maxLength": MAX_REF_TEXT_CHARS,
-                     "description": "the clip's transcript (enables in-context cloning)"},
-        "consent": {"type": "string", "maxLength": MAX_CONSENT_CHARS}}}
+    "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "file_size", "mime_type",
+                 "duration_s"],
+    "properties": {"id": {"type": "string", "description": "the name: what DELETE and a speech request's voice take"},
+                   "object": {"const": "audio.voice"}, "type": {"const": "audio_sample"}, "name": {"type": "string"},
+                   "created_at": {"type": "integer", "description": "unix seconds, strictly increasing per upload: "
+                                                                    "the voice's version"},
+                   "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
+                   "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
+                   "duration_s": {"type": "number"}}}
+_VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
+    "object": {"const": "list"},
+    "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
+    "voices": {"type": "array", "items": {"type": "string"}, "description": "the speakers and uploaded voices"},
+    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}},
+    "voice_aliases": {"type": "object", "additionalProperties": {"type": "string"},
+                      "description": "CustomVoice: the speaker each OpenAI voice name stands for"}}}
+_VOICE_DELETED = {"type": "object", "required": ["id", "object", "deleted", "success", "name"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "audio.voice.deleted"}, "deleted": {"const": True},
+    "success": {"const": True}, "name": {"type": "string"}, "message": {"type": "string"}}}
 _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
                                         "properties": {"id": {"type": "string"}, "object": {"const": "model"},
                                                        "created": {"type": "integer"},
-                                                       "owned_by": {"type": "string"}}}}}}
+                                                       "owned_by": {"type": "string"},
+                                                       "root": {"type": "string",
+                                                                "description": "the primary name"}}}}}}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
           "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
 _SPEECH_EVENT_DATA = {"oneOf": [
@@ -94,12 +102,29 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
     _event("error", message={"type": "string"})]}
 
 
-def _speech_request_schemas(served_model_name: str) -> dict:
-    (_, client_message), schemas = msgspec.json.schema_components([SpeechRequest, ClientMessage],
-                                                                  ref_template=_SCHEMAS + "{name}")
-    schemas["SpeechRequest"]["properties"]["model"]["enum"] = [served_model_name]
-    schemas["SessionConfig"]["properties"]["model"]["anyOf"][0]["enum"] = [served_model_name]
+def _request_schemas(model_names: Sequence[str]) -> dict:
+    (_, _, client_message), schemas = msgspec.json.schema_components([SpeechRequest, VoiceUpload, ClientMessage],
+                                                                     ref_template=_SCHEMAS + "{name}")
+    schemas["SpeechRequest"]["properties"]["model"]["enum"] = list(model_names)
+    schemas["SessionConfig"]["properties"]["model"]["anyOf"][0]["enum"] = list(model_names)
+    upload = schemas["VoiceUpload"]["properties"]
+    for field in VOICE_FORM_FILES:  # a file part, not base64 text (msgspec's JSON view of bytes)
+        upload[field] = {"type": "string", "contentMediaType": "application/octet-stream"}
+    upload["audio_sample"]["description"] = ("the reference clip: wav, flac, ogg or mp3, 1–30 s (sniffed, not "
+                                             "trusted by MIME type); the field may also be called "
+                                             + " or ".join(f"`{alias}`" for alias in VOICE_FORM_ALIASES))
+    upload["name"]["description"] = ("1–64 letters, digits, '_', '.' or '-', not starting with '.'; an existing "
+                                     "voice of that name (any case) is replaced")
+    upload["ref_text"]["description"] = "the clip's transcript (enables in-context cloning)"
+    for field in upload.values():  # a form leaves an optional field out: it has no null
+        if "anyOf" in field:
+            field.update(next(choice for choice in field.pop("anyOf") if choice.get("type") != "null"))
+            field.pop("default")
     return schemas | {"SpeechStreamClientMessage": client_message, "SpeechStreamServerEvent": _SPEECH_STREAM_EVENT}
+
+
+def _header(description: str, schema_type: str = "string") -> dict:
+    return {"description": description, "schema": {"type": schema_type}}
 
 
 def _speech_operation() -> dict:
@@ -113,7 +138,17 @@ def _speech_operation() -> dict:
                         "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechRequest"}}}},
         "responses": {
             "200": {"description": "the audio: whole, a chunked stream, or SSE speech.audio.delta events",
-                    "content": audio | sse},
+                    "content": audio | sse,
+                    "headers": {
+                        "x-omni-tts-audio-seconds": _header("whole-file responses: the audio's duration in seconds "
+                                                            "(after `speed`)", "number"),
+                        "x-omni-tts-finish-reason": _header("whole-file responses: stop (the end token) or length "
+                                                            "(a frame budget ended it)"),
+                        "x-omni-tts-input-tokens": _header("whole-file responses: prompt tokens", "integer"),
+                        "x-omni-tts-output-tokens": _header("whole-file responses: codec frames generated",
+                                                            "integer"),
+                        VOICE_IGNORED_HEADER: _header("the request's voice, which this checkpoint ignores "
+                                                      "(VoiceDesign; Base beside ref_audio)")}},
             "400": _error("invalid request (the field is named in `param`)"),
             "404": _error("the model is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),
@@ -141,9 +176,9 @@ def _speech_stream_operation() -> dict:
             "400": _error("not a WebSocket upgrade request")}}
 
 
-def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
-    """The document for an app serving `served_model_name`; with `api_key_required` every route but /health
-    declares the bearer scheme and its 401."""
+def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict:
+    """The document for an app answering to `model_names`; with `api_key_required` every route but /health and
+    /docs declares the bearer scheme and its 401."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
@@ -156,10 +191,13 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
                      "requestBody": {"required": True, "content": {"multipart/form-data": {
                          "schema": {"$ref": _SCHEMAS + "VoiceUpload"}}}},
                      "responses": {
-                         "200": {"description": "stored", "content": {"application/json": {"schema": {
-                             "type": "object", "required": ["success", "voice"],
-                             "properties": {"success": {"const": True}, "voice": {"$ref": _SCHEMAS + "Voice"}}}}}},
-                         "400": _error("invalid form, name, text or clip"),
+                         "200": {"description": "stored: the voice (OpenAI's Voice), and again under `voice` "
+                                                "(vllm-omni)", "content": {"application/json": {"schema": {
+                                                    "allOf": [{"$ref": _SCHEMAS + "Voice"}, {
+                                                        "type": "object", "required": ["success", "voice"],
+                                                        "properties": {"success": {"const": True},
+                                                                       "voice": {"$ref": _SCHEMAS + "Voice"}}}]}}}},
+                         "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
                          "409": _error("the voice limit is reached"),
                          "413": _error("the clip is too large, or the voice store is full"),
@@ -167,20 +205,25 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
         "/v1/audio/voices/{name}": {
             "delete": {"operationId": "deleteVoice", "summary": "Delete an uploaded voice", "parameters": [voice_name],
                        "responses": {
-                           "200": {"description": "deleted", "content": {"application/json": {"schema": {
-                               "type": "object", "required": ["success", "name"],
-                               "properties": {"success": {"const": True}, "name": {"type": "string"}}}}}},
+                           "200": _json("VoiceDeleted", "deleted, its clip removed from disk"),
                            "404": _error("no such voice, or voice uploads are disabled")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
-                               "responses": {"200": _json("ModelList", "one model")}}},
+                               "responses": {"200": _json("ModelList", "one entry per name the server answers "
+                                                                       "to, the primary first")}}},
         "/health": {"get": {"operationId": "health", "summary": "Liveness of the pipeline", "security": [],
                             "responses": {"200": _json("Health", "serving"),
                                           "503": _json("Health", "a stage is down (named in `stage`)")}}},
         "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics", "responses": {
             "200": {"description": "text exposition format",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/version": {"get": {"operationId": "version", "summary": "The server's version", "responses": {
+            "200": {"description": "the omni_tts package version", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}}}}}}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "responses": {
             "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/docs": {"get": {"operationId": "docs", "summary": "This document, rendered for a browser (no outside "
+                                                            "host)", "security": [], "responses": {
+            "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
     }
     document = {
         "openapi": "3.1.0",
@@ -188,26 +231,33 @@ def openapi_document(served_model_name: str, api_key_required: bool) -> dict:
                  "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
                                 "envelope (ErrorResponse)."},
         "paths": paths,
-        "components": {"schemas": _speech_request_schemas(served_model_name) | {
+        "components": {"schemas": _request_schemas(model_names) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
-            "VoiceUpload": _VOICE_UPLOAD, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
+            "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
             "SpeechEvent": _SPEECH_EVENT}},
     }
     if api_key_required:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"apiKey": []}]
         for path, operations in paths.items():
-            if path != "/health":
+            if path not in OPEN_PATHS:
                 for operation in operations.values():
                     operation["responses"]["401"] = _error("missing or wrong API key")
     return document
 
 
-def openapi_route(served_model_name: str, api_key_required: bool) -> web.RouteDef:
-    """GET /openapi.json, answering the document serialized once."""
-    body = json.dumps(openapi_document(served_model_name, api_key_required)).encode()
+def openapi_routes(model_names: Sequence[str], api_key_required: bool) -> list[web.RouteDef]:
+    """GET /openapi.json, answering the document serialized once, and GET /docs, the page that renders it."""
+    body = json.dumps(openapi_document(model_names, api_key_required)).encode()
+    page = importlib.resources.files("omni_tts.entrypoints").joinpath("static/docs.html").read_bytes()
 
     async def serve_openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    return web.get("/openapi.json", serve_openapi)
+    async def serve_docs(request: web.Request) -> web.Response:
+        # the browser itself holds the page to this origin: inline script and style, fetches to the server only
+        return web.Response(body=page, content_type="text/html", charset="utf-8", headers={
+            "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                       "connect-src 'self'; form-action 'none'; base-uri 'none'"})
+
+    return [web.get("/openapi.json", serve_openapi), web.get("/docs", serve_docs)]

@@ -1,4 +1,5 @@
-"""The HTTP API's request schema (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions) and error envelope.
+"""The HTTP API's request schemas (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions; the voice upload form) and
+error envelope.
 
 Decoding is strict: unknown fields, wrong types and out-of-range values are `ApiError`s (HTTP 400) naming the
 field, before anything is admitted.
@@ -10,6 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
 from omni_tts.models.qwen3_tts.sampling import MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K
 
 # OpenAI's input limit, for every text field: it also bounds the tokenizer's time per request (one thread serves
@@ -120,7 +122,39 @@ class SessionClose(msgspec.Struct, forbid_unknown_fields=True, tag="session.clos
 ClientMessage = SessionConfig | InputText | InputDone | SessionClose
 
 
+class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /v1/audio/voices: a multipart form with the fields of the `openai` SDK's `audio.voices.create` and of
+    vllm-omni (`ref_text`). The name's rule and the clip's limits are the voice store's (voices.py)."""
+    name: Name
+    audio_sample: bytes
+    consent: Annotated[str, msgspec.Meta(max_length=MAX_CONSENT_CHARS)] | None = None
+    ref_text: Annotated[str, msgspec.Meta(max_length=MAX_REF_TEXT_CHARS)] | None = None
+    type: Literal["audio_sample"] = "audio_sample"   # OpenAI's other kind, "prompt", needs a voice-design model
+
+
+VOICE_FORM_ALIASES = {"file": "audio_sample"}  # what clients that upload "a file" name the clip
+VOICE_FORM_FILES = frozenset({"audio_sample"})   # read as bytes; every other field is UTF-8 text
+
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def _invalid(error: msgspec.ValidationError, what: str) -> ApiError:
+    """A msgspec validation error in `what` → ApiError(400) naming the field."""
+    text = str(error)
+    match = _PATH.search(text)
+    param = match.group(1).split(".")[0].split("[")[0] if match and match.group(1) else None
+    if param is None and text.startswith("Expected `object`"):
+        return ApiError(400, f"{what} must be a JSON object")
+    if text.startswith("Object contains unknown field"):
+        field = re.search(r"field `([^`]*)`", text)
+        param = field.group(1) if field else param
+        return ApiError(400, f"unknown field '{param}'", param)
+    if text.startswith("Object missing required field"):
+        field = re.search(r"field `([^`]*)`", text)
+        param = field.group(1) if field else param
+        return ApiError(400, f"missing required field '{param}'", param)
+    message = _PATH.sub("", text).strip().rstrip("-").strip()
+    return ApiError(400, f"invalid '{param}': {message}" if param else message, param)
 
 
 def decode_speech_request(body: bytes) -> SpeechRequest:
@@ -137,20 +171,14 @@ def decode_json(body: bytes | str, type_: type, what: str = "request body") -> o
     except UnicodeDecodeError:  # msgspec validates UTF-8 inside strings only
         raise ApiError(400, f"{what} is not valid UTF-8") from None
     except msgspec.ValidationError as e:
-        text = str(e)
-        match = _PATH.search(text)
-        param = match.group(1).split(".")[0].split("[")[0] if match and match.group(1) else None
-        if param is None and text.startswith("Expected `object`"):
-            raise ApiError(400, f"{what} must be a JSON object") from None
-        if text.startswith("Object contains unknown field"):
-            field = re.search(r"field `([^`]*)`", text)
-            param = field.group(1) if field else param
-            raise ApiError(400, f"unknown field '{param}'", param) from None
-        if text.startswith("Object missing required field"):
-            field = re.search(r"field `([^`]*)`", text)
-            param = field.group(1) if field else param
-            raise ApiError(400, f"missing required field '{param}'", param) from None
-        message = _PATH.sub("", text).strip().rstrip("-").strip()
-        raise ApiError(400, f"invalid '{param}': {message}" if param else message, param) from None
+        raise _invalid(e, what) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"{what} is not valid JSON: {e}") from None
+
+
+def decode_voice_upload(fields: dict[str, str | bytes]) -> VoiceUpload:
+    """The form's fields (text fields as str, files as bytes) → VoiceUpload, or ApiError(400) naming the field."""
+    try:
+        return msgspec.convert(fields, VoiceUpload)
+    except msgspec.ValidationError as e:
+        raise _invalid(e, "the form") from None

@@ -1,9 +1,10 @@
 """OpenAI-compatible HTTP server: one aiohttp app on one event loop, the orchestrator in the same process.
 
 Routes: POST /v1/audio/speech, WS /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices,
-DELETE /v1/audio/voices/{name}, GET /v1/models, GET /health, GET /metrics, GET /openapi.json (openapi.py). CPU work
-(tokenizer: single worker inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on
-the loop.
+DELETE /v1/audio/voices/{name}, GET /v1/models, GET /health, GET /metrics, GET /version, GET /openapi.json and
+GET /docs (openapi.py). CPU work (tokenizer: single worker inside the engine; reference audio, encoding, base64: a
+small bounded pool) never runs on the loop. Each request gets an id (X-Request-Id, the engine's request id) and one
+access-log line (AccessLogger).
 """
 from __future__ import annotations
 
@@ -14,20 +15,27 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import aiohttp
 import numpy as np
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
+from omni_tts import package_version
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
 from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
-from omni_tts.entrypoints.openapi import openapi_route
-from omni_tts.entrypoints.protocol import ApiError, SpeechOptions, SpeechRequest, decode_speech_request
+from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
+                                        unknown_uploaded_voice)
+from omni_tts.entrypoints.openapi import OPEN_PATHS, openapi_routes
+from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechOptions, SpeechRequest,
+                                           VoiceUpload,
+                                           decode_speech_request, decode_voice_upload)
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
@@ -42,7 +50,9 @@ MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
 
 @dataclass
 class ServerConfig:
-    served_model_name: str
+    served_model_names: tuple[str, ...]        # the `model` values clients send; the first is the primary
+    openai_model_aliases: bool = True          # also answer to OpenAI's TTS model names (names.OPENAI_TTS_MODELS)
+    default_voice: str | None = None           # CustomVoice: the voice of a request that names none
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
     allowed_local_media_path: str | None = None
@@ -55,15 +65,60 @@ class ServerConfig:
     stream_idle_timeout: float = 30.0          # WS /v1/audio/speech/stream: seconds between messages, and of a
                                                # token-mode request without text, beyond which the session ends
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return accepted_model_names(self.served_model_names, self.openai_model_aliases)
+
 
 ENGINE = web.AppKey("engine", AsyncTTSEngine)
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", "ServerState")
 
 
+@dataclass
+class SpeechLog:
+    """What the access log tells of a speech request: never its text or audio."""
+    ttfp: float | None = None            # seconds from arrival to the first audio
+    audio_seconds: float | None = None   # of the whole answer, once it is finished
+
+
+REQUEST_ID = web.RequestKey("request_id", str)
+SPEECH_LOG = web.RequestKey("speech_log", SpeechLog)
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id: in the X-Request-Id response header, the access log and the engine (its request id)."""
+    if REQUEST_ID not in request:
+        request[REQUEST_ID] = uuid.uuid4().hex
+    return request[REQUEST_ID]
+
+
+async def send_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Request-Id"] = request_id(request)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request: id, client, method and path (no query string), status, seconds, and for speech the
+    audio's length and the time to its first audio."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, seconds: float) -> None:
+        speech = request.get(SPEECH_LOG)
+        details = "" if speech is None else f" audio={_seconds(speech.audio_seconds)} ttfp={_seconds(speech.ttfp)}"
+        self.logger.info('%s %s "%s %s" %d %.3fs%s', request_id(request), request.remote, request.method,
+                         request.path, response.status, seconds, details)
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
 class ServerState:
-    def __init__(self, engine: AsyncTTSEngine, config: ServerConfig) -> None:
-        self.engine, self.config = engine, config
+    def __init__(self, engine: AsyncTTSEngine, config: ServerConfig, voice_names: VoiceNames) -> None:
+        self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voices = (VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir
@@ -182,21 +237,25 @@ class Admission:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
+    request[SPEECH_LOG] = SpeechLog()
     speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
     check_output(speech, speech.streaming)
     if not speech.input.strip():
         raise ApiError(400, "input must not be empty", "input")
+    voice = check_speech_request(state, speech)
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await speak(request, state, speech, arrived, admission)
+        return await speak(request, state, speech, voice, arrived, admission)
 
 
-async def speak(request: web.Request, state: ServerState, speech: SpeechRequest, arrived: float,
+async def speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice, arrived: float,
                 admission: Admission) -> web.StreamResponse:
+    log = request[SPEECH_LOG]
     stream = None
+    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     try:
-        synthesis, voice_key = await build_synthesis_request(state, speech, speech.input)
-        stream = state.engine.generate(synthesis, output_dtype="float32",
+        synthesis, voice_key = await build_synthesis_request(state, speech, voice, speech.input)
+        stream = state.engine.generate(synthesis, request_id=request_id(request), output_dtype="float32",
                                        initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
                                        first_audio_timeout=state.config.first_audio_timeout,
                                        timeout=state.config.request_timeout)
@@ -211,10 +270,11 @@ async def speak(request: web.Request, state: ServerState, speech: SpeechRequest,
         except RequestFailed as e:
             raise ApiError(500, f"speech generation failed: {e}") from None
         admission.first_audio()
-        state.metrics.ttfp.observe(time.monotonic() - arrived)
+        log.ttfp = time.monotonic() - arrived
+        state.metrics.ttfp.observe(log.ttfp)
         if not speech.streaming:
             try:
-                response = await respond_whole(state, speech, first, stream)
+                response = await respond_whole(request, state, speech, first, stream, arrived, headers)
             except StageDeadError as e:
                 raise ApiError(503, str(e)) from None
             except RequestTimedOut as e:
@@ -222,9 +282,9 @@ async def speak(request: web.Request, state: ServerState, speech: SpeechRequest,
             except RequestFailed as e:
                 raise ApiError(500, f"speech generation failed: {e}") from None
         elif speech.stream_format == "sse":
-            response = await respond_sse(request, state, speech, first, stream)
+            response = await respond_sse(request, state, speech, first, stream, arrived, headers)
         else:
-            response = await respond_audio_stream(request, state, speech, first, stream)
+            response = await respond_audio_stream(request, state, speech, first, stream, arrived, headers)
         return response
     finally:
         if stream is not None:
@@ -239,53 +299,49 @@ def unavailable_message(engine: AsyncTTSEngine) -> str:
     return "the pipeline is not running"
 
 
-async def build_synthesis_request(state: ServerState, speech: SpeechOptions,
+def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
+    """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
+    the fields this checkpoint cannot take."""
+    config = state.engine.config
+    if speech.model is not None and speech.model not in state.config.model_names:
+        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
+                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
+    if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
+        raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
+    if speech.ref_audio is not None and config.tts_model_type != "base":
+        raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+    voices = state.voices
+    return state.voice_names.choose(speech.voice_name, speech.ref_audio is not None,
+                                    lambda name: voices is not None and name in voices)
+
+
+async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
                                   text: str) -> tuple[SynthesisRequest, str | None]:
     """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one."""
-    engine = state.engine
-    model_type = engine.config.tts_model_type
-    if speech.model is not None and speech.model != state.config.served_model_name:
-        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
-                            f"{state.config.served_model_name}", "model", "model_not_found")
-    if speech.instructions and model_type == "custom_voice" and engine.config.tts_model_size == "0b6":
-        raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
-    voice, ref_audio, ref_text, voice_key = speech.voice_name, None, speech.ref_text, None
+    ref_audio, ref_text, voice_key = None, speech.ref_text, None
     x_vector_only = speech.x_vector_only_mode
-    if model_type == "base":
-        if speech.ref_audio is not None and voice is not None:
-            raise ApiError(400, "give either voice (an uploaded voice) or ref_audio, not both", "voice")
-        if speech.ref_audio is not None:
-            try:
-                samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
-                                                allowed_local_path=state.config.allowed_local_media_path)
-                ref_audio = (samples, SAMPLE_RATE)
-            except RefAudioError as e:
-                raise ApiError(e.status, str(e), "ref_audio") from None
-        elif voice is not None:
-            try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
-                loaded = await state.run(state.voices.load, voice) if state.voices else None
-            except VoiceError as e:
-                raise ApiError(e.status, str(e), "voice") from None
-            if loaded is None:
-                raise ApiError(400, f"unknown voice '{voice}': upload it with POST /v1/audio/voices or give "
-                                    "ref_audio", "voice")
-            record, samples = loaded
+    if speech.ref_audio is not None:
+        try:
+            samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
+                                            allowed_local_path=state.config.allowed_local_media_path)
             ref_audio = (samples, SAMPLE_RATE)
-            voice_key = record.version_key
-            if ref_text is None:
-                ref_text = record.ref_text
-            x_vector_only = x_vector_only or not ref_text
-        else:
-            raise ApiError(400, "Base (voice clone) models need ref_audio or the name of an uploaded voice", "ref_audio")
-        voice = None
-    elif model_type == "voice_design" and voice is not None:
-        raise ApiError(400, "VoiceDesign models take no voice: describe it in instructions", "voice")
-    elif model_type == "custom_voice" and voice is None:
-        raise ApiError(400, f"voice is required; available: {', '.join(engine.prompts.speakers)}", "voice")
-    if speech.ref_audio is not None and model_type != "base":
-        raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+        except RefAudioError as e:
+            raise ApiError(e.status, str(e), "ref_audio") from None
+    elif voice.uploaded is not None:
+        try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
+            loaded = await state.run(state.voices.load, voice.uploaded)
+        except VoiceError as e:
+            raise ApiError(e.status, str(e), "voice") from None
+        if loaded is None:  # deleted since the request was checked
+            raise unknown_uploaded_voice(voice.uploaded)
+        record, samples = loaded
+        ref_audio = (samples, SAMPLE_RATE)
+        voice_key = record.version_key
+        if ref_text is None:
+            ref_text = record.ref_text
+        x_vector_only = x_vector_only or not ref_text
     synthesis = SynthesisRequest(
-        text=text, task_type=speech.task_type, voice=voice, language=speech.language,
+        text=text, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams(temperature=speech.temperature, top_k=speech.top_k, top_p=speech.top_p,
@@ -309,35 +365,46 @@ def _usage_json(chunk: GenerationChunk) -> dict:
             "total_tokens": u.input_tokens + u.output_frames}
 
 
-def record_usage(state: ServerState, chunk: GenerationChunk, started: float) -> None:
+def _record_usage(request: web.Request, chunk: GenerationChunk, arrived: float) -> None:
+    """An HTTP request's last audio: in its access-log line and the metrics."""
+    request[SPEECH_LOG].audio_seconds = chunk.usage.audio_seconds
+    record_usage(request.app[STATE], chunk, arrived)
+
+
+def record_usage(state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+    """At a request's last audio: its outcome, and its latency and real-time factor counted from its arrival."""
     state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
+    latency = time.monotonic() - arrived
+    state.metrics.e2e_latency.observe(latency)
     if chunk.usage.audio_seconds > 0:
-        state.metrics.rtf.observe((time.monotonic() - started) / chunk.usage.audio_seconds)
+        state.metrics.real_time_factor.observe(latency / chunk.usage.audio_seconds)
 
 
-async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[np.ndarray]) -> bytes:
-    """A request's whole audio as one file of options.response_format, at options.speed (in the pool)."""
-    def encode() -> bytes:
+async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[np.ndarray]) -> tuple[bytes, float]:
+    """A request's whole audio as one file of options.response_format, at options.speed (in the pool), and its
+    duration in seconds (after `speed`: what the file holds)."""
+    def encode() -> tuple[bytes, float]:
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         samples = change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
-        return encode_audio(samples, SAMPLE_RATE, options.response_format)
+        return encode_audio(samples, SAMPLE_RATE, options.response_format), samples.shape[0] / SAMPLE_RATE
     return await state.run(encode)
 
 
-async def respond_whole(state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                        stream: AsyncIterator[GenerationChunk]) -> web.Response:
-    started = time.monotonic()
+async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+                        stream: AsyncIterator[GenerationChunk], arrived: float,
+                        headers: dict[str, str]) -> web.Response:
     parts, last = [], first
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
         last = chunk
-    record_usage(state, last, started)
-    data = await encode_whole(state, speech, parts)
+    _record_usage(request, last, arrived)
+    data, seconds = await encode_whole(state, speech, parts)
     usage = _usage_json(last)
-    return web.Response(body=data, content_type=content_type(speech.response_format), headers={
+    return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers | {
         "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
-        "x-omni-tts-finish-reason": last.usage.finish_reason})
+        "x-omni-tts-finish-reason": last.usage.finish_reason,
+        "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
 
 
 async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
@@ -348,9 +415,9 @@ async def encode_chunk(state: ServerState, encoder, audio: np.ndarray) -> bytes:
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
-                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
-    started = time.monotonic()
-    response = web.StreamResponse(headers={"Content-Type": content_type(speech.response_format)})
+                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk], arrived: float,
+                               headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": content_type(speech.response_format)})
     response.enable_chunked_encoding()
     await response.prepare(request)
     encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
@@ -362,7 +429,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
             if chunk.audio.size:
                 await response.write(await encode_chunk(state, encoder, chunk.audio))
             if chunk.usage is not None:
-                record_usage(state, chunk, started)
+                _record_usage(request, chunk, arrived)
     except (StageDeadError, RequestFailed) as e:
         # the status line went out long ago: end the connection without the chunked body's terminator, so the
         # client sees a truncated response instead of audio that merely stops (or a second response inside it)
@@ -378,9 +445,10 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
 
 
 async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                      stream: AsyncIterator[GenerationChunk]) -> web.StreamResponse:
-    started = time.monotonic()
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                      stream: AsyncIterator[GenerationChunk], arrived: float,
+                      headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream",
+                                                     "Cache-Control": "no-cache"})
     await response.prepare(request)
     encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
 
@@ -401,7 +469,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                 if tail:
                     await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                 "response_format": speech.response_format})
-                record_usage(state, chunk, started)
+                _record_usage(request, chunk, arrived)
                 await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
     except (StageDeadError, RequestFailed) as e:
         await send({"type": "speech.audio.error", "error": {"message": str(e), "type": "server_error",
@@ -418,15 +486,20 @@ def _voices_or_404(state: ServerState) -> VoiceStore:
 
 
 async def list_voices(request: web.Request) -> web.Response:
+    """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
+    (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
     state = request.app[STATE]
-    builtin = list(state.engine.prompts.speakers)
     uploaded = [v.to_json() for v in state.voices.list()] if state.voices else []
-    return web.json_response({"voices": sorted(builtin + [v["name"] for v in uploaded]), "uploaded_voices": uploaded})
+    body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
+            "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
+    if state.voice_names.openai:
+        body["voice_aliases"] = state.voice_names.openai
+    return web.json_response(body)
 
 
 _VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
-               "accepted too) and optionally ref_text and consent")
-_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; the voice store checks the real limits
+               "accepted too) and optionally consent, ref_text and type")
+_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; VoiceUpload checks the real limits
 
 
 async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
@@ -438,29 +511,38 @@ async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> by
     return bytes(data)
 
 
-async def read_voice_form(request: web.Request, max_audio_bytes: int) -> tuple[dict[str, str], bytes | None]:
-    """The upload's text fields (name, ref_text, consent; strict UTF-8) and clip, each read with a size cap; any
-    malformed body → 400 with `_VOICE_FORM`, the parser's detail to the log. Unknown fields are skipped unread."""
+async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUpload:
+    """The upload form, strictly: an unknown field (refused before it is read), a field given twice, a text field
+    sent as a file or not UTF-8 → 400 naming it; each field read with a size cap; a malformed body → 400 with
+    `_VOICE_FORM`, the parser's detail to the log."""
     if request.content_type != "multipart/form-data":
         raise ApiError(400, _VOICE_FORM)
-    fields: dict[str, str] = {}
-    audio = None
+    fields: dict[str, str | bytes] = {}
     try:
         async for part in await request.multipart():
             if not isinstance(part, aiohttp.BodyPartReader):  # a nested multipart/mixed
                 raise ApiError(400, _VOICE_FORM)
-            if part.name in ("audio_sample", "file"):  # `file`: what the openai SDK names a file field
-                audio = await _read_part(part, max_audio_bytes, "audio_sample")
-            elif part.name in ("name", "ref_text", "consent"):
-                raw = await _read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
-                try:
-                    fields[part.name] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise ApiError(400, f"multipart field '{part.name}' is not valid UTF-8", part.name) from None
+            if part.name is None:
+                raise ApiError(400, _VOICE_FORM)
+            field = VOICE_FORM_ALIASES.get(part.name, part.name)
+            if field not in VoiceUpload.__struct_fields__:
+                raise ApiError(400, f"unknown multipart field '{part.name}'; {_VOICE_FORM}", part.name)
+            if field in fields:
+                also = f" ('{part.name}' is another name for it)" if part.name != field else ""
+                raise ApiError(400, f"multipart field '{field}' is given more than once{also}", field)
+            if field in VOICE_FORM_FILES:
+                fields[field] = await _read_part(part, max_audio_bytes, field)
+                continue
+            if part.filename is not None:
+                raise ApiError(400, f"multipart field '{field}' must be a text field, not a file", field)
+            try:
+                fields[field] = (await _read_part(part, _MAX_TEXT_FIELD_BYTES, field)).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ApiError(400, f"multipart field '{field}' is not valid UTF-8", field) from None
     except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body
         logger.info("voices: unreadable multipart body: %s", e)
         raise ApiError(400, _VOICE_FORM) from None
-    return fields, audio
+    return decode_voice_upload(fields)
 
 
 async def upload_voice(request: web.Request) -> web.Response:
@@ -468,31 +550,31 @@ async def upload_voice(request: web.Request) -> web.Response:
     store = _voices_or_404(state)
     if state.engine.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
-    fields, audio = await read_voice_form(request, store.max_bytes)
-    if audio is None:
-        raise ApiError(400, "multipart field 'audio_sample' (the reference clip) is required", "audio_sample")
-    if not fields.get("name"):
-        raise ApiError(400, "multipart field 'name' is required", "name")
+    form = await read_voice_form(request, store.max_bytes)
     try:
-        record = await state.run(store.add, fields["name"], audio, fields.get("ref_text") or None,
-                                 fields.get("consent"))
+        record = await state.run(store.add, form.name, form.audio_sample, form.ref_text or None, form.consent)
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
-    return web.json_response({"success": True, "voice": record.to_json()})
+    voice = record.to_json()
+    return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
 async def delete_voice(request: web.Request) -> web.Response:
+    """The `openai` SDK's `VoiceDeleted` (id, object, deleted) and vllm-omni's answer (success, message)."""
     store = _voices_or_404(request.app[STATE])
     name = request.match_info["name"]
-    if not await request.app[STATE].run(store.delete, name):
+    record = await request.app[STATE].run(store.delete, name)
+    if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
-    return web.json_response({"success": True, "name": name})
+    return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,
+                              "name": record.name, "message": f"voice '{record.name}' deleted"})
 
 
 async def list_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    return web.json_response({"object": "list", "data": [{"id": state.config.served_model_name, "object": "model",
-                                                          "created": 0, "owned_by": "omni_tts"}]})
+    """One entry per name the server answers to, the primary first; `root` names the primary in each."""
+    names = request.app[STATE].config.model_names
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} for name in names]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -506,6 +588,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
 
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.metrics.observe_stages(await state.stage_stats(), state.engine.is_healthy, state.engine.restarts)
@@ -513,13 +599,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def api_key_middleware(api_key: str) -> Callable:
-    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; /health stays open for
-    load balancers and supervisors. Runs inside error_middleware, which renders the error."""
+    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; OPEN_PATHS stay open
+    (/health for load balancers and supervisors, the /docs page for browsers, which cannot send the header on
+    navigation). Runs inside error_middleware, which renders the error."""
     expected = api_key.encode("utf-8")
 
     @web.middleware
     async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path != "/health":
+        if request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             # constant-time: the comparison must not tell how much of a guessed key was right
             if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -536,11 +623,13 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
     middlewares = [error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[ENGINE], app[CONFIG] = engine, config
+    # refuses a --default-voice the checkpoint lacks before any stage starts
+    voice_names = VoiceNames(engine.config.tts_model_type, engine.prompts.speakers, config.default_voice)
 
     async def lifecycle(app: web.Application):
         if owns_engine:
             await engine.start()
-        state = app[STATE] = ServerState(engine, config)
+        state = app[STATE] = ServerState(engine, config, voice_names)
         yield
         if state.fetcher is not None:
             await state.fetcher.close()
@@ -551,6 +640,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
     from omni_tts.entrypoints.speech_stream import speech_stream  # it builds on this module's handlers
 
     app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(send_request_id)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
         web.get("/v1/audio/speech/stream", speech_stream),
@@ -560,6 +650,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/v1/models", list_models),
         web.get("/health", health),
         web.get("/metrics", metrics),
-        openapi_route(config.served_model_name, api_key_required=config.api_key is not None),
+        web.get("/version", version),
+        *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
     ])
     return app

@@ -34,8 +34,8 @@ from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 
-from .server import (STATE, Admission, ServerState, build_synthesis_request, check_output, encode_chunk,
-                     encode_whole, record_usage)
+from .server import (STATE, Admission, ServerState, build_synthesis_request, check_output, check_speech_request,
+                     encode_chunk, encode_whole, record_usage)
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ class SpeechSession:
 
     async def _configure(self, config: SessionConfig) -> None:
         check_output(config, config.stream_audio)
-        self.template, self.voice_key = await build_synthesis_request(self.state, config, "")
+        voice = check_speech_request(self.state, config)
+        self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
         self.config = config
 
     def synthesis(self, text: str) -> SynthesisRequest:
@@ -188,7 +189,7 @@ class SpeechSession:
                 await self.ws.send_bytes(data)
             if chunk.usage is not None:
                 record_usage(self.state, chunk, started)
-        data = pending + encoder.finish() if encoder else await encode_whole(self.state, config, parts)
+        data = pending + encoder.finish() if encoder else (await encode_whole(self.state, config, parts))[0]
         if total_bytes == 0:
             await self.ws.send_json(start | {"sentence_text": sentence_text()})
         if data:

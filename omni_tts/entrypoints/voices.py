@@ -17,9 +17,11 @@ Versions: `load` looks a voice up and pins its clip in one step and returns an i
 samples, so a request gets the version it looked up, whole, even if the voice is replaced or deleted meanwhile.
 Decoded samples are cached (LRU bounded by bytes). A replaced or deleted clip is removed from disk at once, or,
 when a `load` is reading it, as soon as that read ends: the disk holds the live voices and nothing else. The clips
-of all live voices together stay within `quota_bytes`. `created_at` increases strictly across the whole store, even
-for a re-upload within the same clock tick or after a clock step back, so `(name, created_at)` identifies one
-version of a voice for any cache.
+of all live voices together stay within `quota_bytes`. `created_at` is in integer unix seconds (as OpenAI's and
+vllm-omni's voice objects have it) and increases strictly across the whole store: an upload within the same second
+as the one before, or after a clock step back, takes the previous value + 1 (as vllm-omni does), so a burst of
+uploads may run a few seconds ahead of the clock, and `(name, created_at)` identifies one version of a voice for any
+cache. Voices stored with fractional `created_at` (before it was an integer) are restored rounded up.
 
 Threads: `list` only takes a short in-memory lock and never touches the disk, so the event loop may call it. `add`
 (decodes audio, writes files), `delete` and `load` are blocking: call them in an executor. Disk writes are
@@ -76,7 +78,7 @@ class VoiceRecord:
     """An immutable snapshot of one version of an uploaded voice."""
     name: str                # as uploaded (lookup is case-insensitive)
     ref_text: str | None     # transcript of the clip; None → x-vector-only cloning
-    created_at: float        # unix seconds, strictly increasing across the store: the voice's version
+    created_at: int          # unix seconds, strictly increasing across the store: the voice's version
     file_size: int           # bytes of the clip as uploaded
     mime_type: str           # canonical type of the decoded container (audio/wav, audio/flac, audio/ogg, audio/mpeg)
     duration_s: float        # clip duration
@@ -94,10 +96,12 @@ class VoiceRecord:
         return f"{self.key}@{self.created_at!r}"
 
     def to_json(self) -> dict:
-        """The API view: {name, ref_text, created_at, file_size, mime_type, duration_s, consent}."""
-        return {"name": self.name, "ref_text": self.ref_text, "created_at": self.created_at,
-                "file_size": self.file_size, "mime_type": self.mime_type, "duration_s": self.duration_s,
-                "consent": self.consent}
+        """The API view: the `openai` SDK's `Voice` (id, object, type, name, created_at) and vllm-omni's uploaded
+        voice (name, created_at, ref_text, consent, file_size, mime_type), plus duration_s. The id is the name:
+        what DELETE /v1/audio/voices/{id} and a speech request's `voice` take."""
+        return {"id": self.name, "object": "audio.voice", "type": "audio_sample", "name": self.name,
+                "created_at": self.created_at, "ref_text": self.ref_text, "consent": self.consent,
+                "file_size": self.file_size, "mime_type": self.mime_type, "duration_s": self.duration_s}
 
 
 def _fsync_dir(path: str) -> None:
@@ -143,9 +147,9 @@ class VoiceStore:
         self._lock = threading.Lock()          # in-memory state: _voices, _cache, _last_created, _pins, _doomed
         self._write_lock = threading.Lock()    # disk mutations (add / delete / clip removal), taken before _lock
         self._voices: dict[str, VoiceRecord] = {}
-        self._cache: collections.OrderedDict[tuple[str, float], np.ndarray] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple[str, int], np.ndarray] = collections.OrderedDict()
         self._cached_bytes = 0
-        self._last_created = 0.0
+        self._last_created = 0
         self._pins: collections.Counter[str] = collections.Counter()  # clip path → loads reading it now
         self._doomed: set[str] = set()   # replaced/deleted clips a load still reads: removed when the last one ends
         self._restore()
@@ -198,7 +202,7 @@ class VoiceStore:
         actual = os.path.getsize(path)  # OSError when missing
         if actual != size:
             raise ValueError(f"{clip} has {actual} bytes, meta.json says {size}")
-        return VoiceRecord(name=name, ref_text=meta.get("ref_text"), created_at=float(created), file_size=size,
+        return VoiceRecord(name=name, ref_text=meta.get("ref_text"), created_at=math.ceil(created), file_size=size,
                            mime_type=mime, duration_s=float(duration), consent=meta.get("consent"),
                            sample_rate=rate, path=path)
 
@@ -239,6 +243,13 @@ class VoiceStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._voices)
+
+    def __contains__(self, name: object) -> bool:
+        """Whether a voice is called `name` (case-insensitive)."""
+        if not isinstance(name, str):
+            return False
+        with self._lock:
+            return name.lower() in self._voices
 
     # --- blocking operations (call in an executor) ---------------------------------------------------------------
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
@@ -283,14 +294,16 @@ class VoiceStore:
                     # 413, not 507: the client's upload exceeds what this server lets it store (SDKs retry 5xx)
                     raise VoiceError(f"the voice store is full (quota {self.quota_bytes / 2**20:g} MiB); delete a "
                                      "voice first", 413)
-                created = max(time.time(), self._last_created + 1e-6, math.nextafter(self._last_created, math.inf))
+                created = max(int(time.time()), self._last_created + 1)
                 self._last_created = created
             clip_file = f"clip-{time.time_ns():x}-{uuid.uuid4().hex[:8]}{extension}"
             record = VoiceRecord(name=name, ref_text=ref_text, created_at=created, file_size=len(audio_bytes),
                                  mime_type=canonical_mime, duration_s=round(clip.duration_s, 3), consent=consent,
                                  sample_rate=clip.source_rate, path=os.path.join(folder, clip_file))
-            meta = dict(record.to_json(), sample_rate=record.sample_rate, file=clip_file, format=clip.format,
-                        subtype=clip.subtype, version=1)
+            meta = {"name": name, "ref_text": ref_text, "created_at": created, "file_size": record.file_size,
+                    "mime_type": canonical_mime, "duration_s": record.duration_s, "consent": consent,
+                    "sample_rate": record.sample_rate, "file": clip_file, "format": clip.format,
+                    "subtype": clip.subtype, "version": 1}
             try:
                 os.makedirs(folder, exist_ok=True)
                 _write_atomic(record.path, audio_bytes)
@@ -312,23 +325,24 @@ class VoiceStore:
                 self._retire(previous.path)
         return record
 
-    def delete(self, name: str) -> bool:
-        """Remove the voice called `name` (case-insensitive); False when there is none. Blocking."""
+    def delete(self, name: str) -> VoiceRecord | None:
+        """Remove the voice called `name` (case-insensitive) and its clip; the removed voice, None when there is
+        none. Blocking."""
         if not isinstance(name, str) or not name.isascii():
-            return False
+            return None
         key = name.lower()
         with self._write_lock:
             with self._lock:
                 record = self._voices.pop(key, None)
                 if record is None:
-                    return False
+                    return None
                 self._forget(record)
             try:
                 os.unlink(os.path.join(self.root, key, META))
             except OSError as e:
                 logger.warning("voices: could not remove %s's metadata: %s", record.name, e)
             self._retire(record.path)
-        return True
+        return record
 
     def load(self, name: str) -> tuple[VoiceRecord, np.ndarray] | None:
         """The voice called `name` (case-insensitive) and its 24 kHz float32 samples, or None. Blocking on a miss.
@@ -359,7 +373,7 @@ class VoiceStore:
         return record, samples
 
     # --- internals -------------------------------------------------------------------------------------------
-    def _remember(self, cache_key: tuple[str, float], samples: np.ndarray) -> None:
+    def _remember(self, cache_key: tuple[str, int], samples: np.ndarray) -> None:
         """Insert into the LRU (caller holds _lock); one entry larger than the budget is kept alone."""
         old = self._cache.pop(cache_key, None)
         if old is not None:

@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -33,6 +34,7 @@ from typing import AsyncIterator, Callable
 
 import msgspec
 import numpy as np
+import torch
 import zmq
 import zmq.asyncio
 
@@ -51,6 +53,10 @@ from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, H
                                       StageCommand, StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
 logger = logging.getLogger(__name__)
+
+# how long an exited stage's StageFailed may take to arrive: the stage sends it before exiting, but the exit can be
+# seen first (process sentinel vs. the event socket)
+FAILURE_REPORT_GRACE = 0.5
 
 
 class StageDeadError(RuntimeError):
@@ -107,6 +113,8 @@ class _Stage:
     stats: asyncio.Future | None = None
     heartbeat_at: float = field(default_factory=time.monotonic)
     busy_seconds: float = 0.0
+    reported: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())  # StageFailed
+    exit_wait: asyncio.Task | None = None   # after the process exited: waits for its report
 
 
 class AsyncTTSEngine:
@@ -121,11 +129,15 @@ class AsyncTTSEngine:
         self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
         self.max_restarts, self.restart_window = max_restarts, restart_window
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
+        check_devices(pipeline)
         self.threads = stage_threads(pipeline)
+        talker, code2wav = pipeline.stages.talker, pipeline.stages.code2wav
+        # requests each stage runs together: the talker is also bounded by its KV cache rows
+        self.batch_sizes = {"talker": min(talker.max_batch_size, talker.num_cache_rows),
+                            "code2wav": code2wav.max_batch_size}
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
         self.generation_config = read_json(gen_path) if os.path.isfile(gen_path) else {}
-        talker = pipeline.stages.talker
         self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir),
                                      PromptLimits(talker.max_text_tokens, talker.max_model_len))
         self.tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omni-tts-tokenizer")
@@ -134,6 +146,7 @@ class AsyncTTSEngine:
         self.stages: dict[str, _Stage] = {}
         self.down: str | None = None        # the stage (or "orchestrator") whose failure is being recovered from
         self.down_reason: str | None = None
+        self._failed = False                # this pipeline has failed (start() or _recover handles a starting one)
         self.fatal: str | None = None       # why the engine gave up restarting
         self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
         self._restart_times: collections.deque[float] = collections.deque()
@@ -169,6 +182,7 @@ class AsyncTTSEngine:
     async def _start_pipeline(self) -> None:
         """Ring, control sockets and both stage processes; returns when both are ready."""
         conn, stages = self.pipeline.connector, self.pipeline.stages
+        self._failed = False
         self._ring = RingOwner.create(conn.ring_slots, conn.ring_slot_frames, self.config.talker.num_code_groups,
                                       edge="codec")
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_ctl_")
@@ -186,11 +200,11 @@ class AsyncTTSEngine:
                                  ("code2wav", code2wav_stage.main, stages.code2wav)):
             address = f"ipc://{self._ipc_dir}/{name}"
             launch = StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
-                                 max_batch_size=(min(cfg.max_batch_size, cfg.num_cache_rows) if name == "talker"
-                                                 else cfg.max_batch_size),
+                                 max_batch_size=self.batch_sizes[name],
                                  command_address=address, event_address=event_address, ring=self._ring.spec,
                                  initial_chunk_frames=conn.initial_codec_chunk_frames,
                                  chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
+                                 log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
                                  **({"max_model_len": cfg.max_model_len,
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
@@ -206,13 +220,18 @@ class AsyncTTSEngine:
             command.connect(address)
             stage = self.stages[name] = _Stage(name, process, command)
             loop.add_reader(process.sentinel, self._on_stage_exit, stage)
-        await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
+        except TimeoutError:
+            raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s") from None
 
     async def _stop_pipeline(self, graceful: bool) -> None:
         """Stop the stages (gracefully, else kill them at once), then drop the ring, sockets and tasks."""
         loop = asyncio.get_running_loop()
         for stage in self.stages.values():
             loop.remove_reader(stage.process.sentinel)
+            if stage.exit_wait is not None:
+                stage.exit_wait.cancel()
             if graceful and stage.process.is_alive():
                 try:
                     await stage.command.send(self._encoder.encode(Shutdown()))
@@ -478,8 +497,14 @@ class AsyncTTSEngine:
                 if not stage.ready.done():
                     stage.ready.set_result(None)
             elif isinstance(event, StageFailed):
-                logger.error("stage %s failed:\n%s", event.stage, event.error)
-                self._pipeline_failed(event.stage, event.error.strip().splitlines()[-1])
+                stage = self.stages[event.stage]
+                serving = stage.ready.done() and stage.ready.exception() is None
+                # at start-up the message reaches the caller (start() raises it); the traceback is for debugging
+                logger.log(logging.ERROR if serving else logging.DEBUG, "stage %s failed:\n%s", event.stage,
+                           event.error)
+                if not stage.reported.done():
+                    stage.reported.set_result(None)
+                self._pipeline_failed(event.stage, event.message)
 
     async def _watchdog(self) -> None:
         """A ready stage that sends no heartbeat (stopped, or starved of CPU) or stays in one loop iteration too
@@ -547,21 +572,36 @@ class AsyncTTSEngine:
         state.queue.put_nowait(GenerationChunk(np.zeros(0, np.float32), usage))
 
     def _on_stage_exit(self, stage: _Stage) -> None:
-        asyncio.get_running_loop().remove_reader(stage.process.sentinel)
-        self._pipeline_failed(stage.name, f"process {stage.process.pid} exited")
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(stage.process.sentinel)
+        if (stage.process.exitcode or 0) < 0:  # killed by a signal: it reported nothing
+            self._pipeline_failed(stage.name, exit_description(stage.process))
+        else:
+            stage.exit_wait = loop.create_task(self._await_failure_report(stage))
+
+    async def _await_failure_report(self, stage: _Stage) -> None:
+        """A stage that raised sent StageFailed before exiting: its own error text is the reason, not the exit."""
+        try:
+            await asyncio.wait_for(asyncio.shield(stage.reported), FAILURE_REPORT_GRACE)
+        except TimeoutError:
+            self._pipeline_failed(stage.name, exit_description(stage.process))
 
     # --- failure and recovery -------------------------------------------------------------------------------
     def _pipeline_failed(self, name: str, why: str) -> None:
-        """The one place a failure lands: fail every in-flight request, then restart the pipeline."""
-        if self._closed or self.down is not None:
-            return  # already recovering (the other stage's exit, a late event) or shutting down
+        """The one place a failure lands: fail every in-flight request, then restart the pipeline. A pipeline that
+        is still starting fails its start instead (start() raises, _recover retries)."""
+        if self._closed or self._failed:
+            return  # already failed (the other stage's exit, a late event) or shutting down
+        self._failed = True
+        error = StageDeadError(f"stage {name} failed: {why}")
+        starting = [stage for stage in self.stages.values() if not stage.ready.done()]
+        for stage in starting:
+            stage.ready.set_exception(error)
+            stage.ready.exception()  # retrieved: the other stage's future may have no waiter left
+        if starting:
+            return
         self.down, self.down_reason = name, why
         logger.error("stage %s failed: %s; restarting the pipeline", name, why)
-        error = StageDeadError(f"stage {name} failed: {why}")
-        for stage in self.stages.values():
-            if not stage.ready.done():
-                stage.ready.set_exception(error)
-                stage.ready.exception()  # retrieved: start() may not be waiting on it
         self._fail_all(error)
         self._recovery = asyncio.create_task(self._recover(name))
 
@@ -598,6 +638,29 @@ class AsyncTTSEngine:
                 deadline.cancel()
             state.queue.put_nowait(error)
         self.requests.clear()
+
+
+def check_devices(pipeline: PipelineConfig) -> None:
+    """ValueError naming every stage whose device this machine lacks (before any process is spawned for it)."""
+    num_cuda = torch.cuda.device_count()
+    missing: dict[str, list[str]] = {}
+    for name, cfg in pipeline.stages.by_name().items():
+        if cfg.device.startswith("cuda") and int(cfg.device.partition(":")[2] or 0) >= num_cuda:
+            missing.setdefault(cfg.device, []).append(name)
+    if missing:
+        found = f"{num_cuda} CUDA device{'s' if num_cuda > 1 else ''}" if num_cuda else "no CUDA device"
+        raise ValueError("; ".join(f"device {device} of stage {', '.join(names)} does not exist"
+                                   for device, names in missing.items()) + f" (torch sees {found})")
+
+
+def exit_description(process: multiprocessing.Process) -> str:
+    """How a stage process ended, for a failure reason: `exited with status N`, `killed by signal SIGKILL`."""
+    code = process.exitcode
+    if code is None:  # its sentinel can close a moment before the exit status is there to collect
+        return f"process {process.pid} exited"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 def _stop_process(process: multiprocessing.Process) -> None:

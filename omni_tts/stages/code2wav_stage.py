@@ -15,12 +15,12 @@ from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 
 from .common import StageIO, run_stage
-from .protocol import Abort, AudioChunk, GetStats, Ready, Register, Shutdown, StageLaunch, StageStats
+from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioChunk, DurationHistogram, GetStats,
+                       Ready, Register, Shutdown, StageLaunch, StageStats)
 
 logger = logging.getLogger(__name__)
 
 _RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
-LATENCY_WINDOW = 4096  # connector latency percentiles over the most recent chunks
 
 
 class Code2WavStage:
@@ -37,8 +37,8 @@ class Code2WavStage:
         self.reader = ChunkReader(launch.ring, condition=self.condition,  # ring arrivals wake the same loop
                                   on_error=lambda e: self.io.thread_failed("connector", e))
         self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.step_seconds = 0.0
-        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
+        self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0
         self.threads, self.lent_threads = launch.threads, launch.lent_threads
 
@@ -55,7 +55,7 @@ class Code2WavStage:
                 self._handle(message)
             now = time.monotonic_ns()
             for chunk in self.reader.get_all_nowait():
-                self.latencies.append((now - chunk.put_ns) / 1e9)
+                self.connector_latencies.observe((now - chunk.put_ns) / 1e9)
                 self.num_chunks += 1
                 rid = chunk.request_id
                 if rid not in self.aborted:
@@ -66,7 +66,7 @@ class Code2WavStage:
                 self._set_threads()
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                self.step_seconds += time.perf_counter() - started
+                self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
                     self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
 
@@ -86,10 +86,9 @@ class Code2WavStage:
             while len(self.aborted) > _RECENTLY_ABORTED:
                 self.aborted.popitem(last=False)
         elif isinstance(message, GetStats):
-            latencies = np.array(self.latencies) if self.latencies else np.zeros(1)
-            self.io.send(StageStats("code2wav", list(self.engine.states), self.engine.num_steps, time.process_time(),
-                                    self.step_seconds, self.num_chunks, float(np.percentile(latencies, 50)),
-                                    float(np.percentile(latencies, 99))))
+            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.states), self.engine.num_steps,
+                                    time.process_time(), self.step_durations, self.num_chunks,
+                                    self.connector_latencies))
 
 
 def main(launch_bytes: bytes) -> None:

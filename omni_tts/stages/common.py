@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -19,6 +20,7 @@ import zmq
 
 from omni_tts.config.threads import set_torch_threads
 from omni_tts.connectors.shm_ring import cleanup_stale_segments
+from omni_tts.log import configure_logging
 
 from .protocol import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
 
@@ -114,11 +116,11 @@ class StageIO:
 
 def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
     """Process entry: decode the launch struct, run `main`, report a crash as StageFailed before dying."""
+    # Ctrl+C in a terminal signals the whole process group; the server stops its stages itself (Shutdown)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     launch = msgspec.msgpack.decode(launch_bytes, type=StageLaunch)
     _name_process(f"omni-tts-{launch.stage}")
-    # a spawned process inherits no logging config; as the CLI: warnings, and omni_tts at INFO
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("omni_tts").setLevel(logging.INFO)
+    configure_logging(launch.log_level)  # a spawned process inherits no logging config
     if launch.device == "cpu":
         os.nice(CPU_STAGE_NICENESS[launch.stage])
     set_torch_threads(launch.threads)
@@ -130,17 +132,23 @@ def run_stage(launch_bytes: bytes, main: Callable[[StageLaunch], None]) -> None:
         # exit without interpreter teardown: the control thread is blocked in zmq recv, and terminating its
         # context from here would wait for it (or trip zmq's assertions)
         os._exit(0)
-    except BaseException:
-        error = traceback.format_exc()
+    except BaseException as e:
         try:
-            ctx = zmq.Context.instance()
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(launch.event_address)
-            sock.send(msgspec.msgpack.encode(StageFailed(launch.stage, error)))
-            sock.close()
+            _report_failure(launch, StageFailed(launch.stage, traceback.format_exc(), f"{type(e).__name__}: {e}"))
         finally:
             os._exit(1)
+
+
+def _report_failure(launch: StageLaunch, failed: StageFailed) -> None:
+    """Send StageFailed and wait (up to a second) until it has left: os._exit right after a send would drop the
+    queued message, and the orchestrator would only see the process exit, not why."""
+    ctx = zmq.Context()  # its own: term() waits for this socket only, not the control thread's blocked recv
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(launch.event_address)
+    sock.send(msgspec.msgpack.encode(failed))
+    sock.close()
+    ctx.term()
 
 
 def _name_process(name: str) -> None:

@@ -1,6 +1,8 @@
 """Messages between the orchestrator and the stage processes (pyzmq frames, msgspec msgpack), defined once."""
 from __future__ import annotations
 
+import bisect
+
 import msgspec
 
 from omni_tts.connectors.shm_ring import RingSpec
@@ -76,23 +78,48 @@ class AudioChunk(msgspec.Struct, tag=True):
     finished: bool
 
 
+# bucket bounds (seconds) of the stages' histograms: an engine step takes ~1–20 ms on a GPU, 20 ms–1 s on a CPU; a
+# chunk crosses the ring in microseconds unless the receiving loop is busy with a step
+STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+CONNECTOR_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class DurationHistogram(msgspec.Struct):
+    """Durations counted since the stage process started, in fixed buckets: counts[i] holds those ≤ bounds[i] (and
+    above the bound before), the last count those above every bound; the API process exposes them as a Prometheus
+    histogram."""
+    bounds: list[float]
+    counts: list[int]
+    sum: float = 0.0
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...]) -> "DurationHistogram":
+        return cls(list(bounds), [0] * (len(bounds) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+
 class StageStats(msgspec.Struct, tag=True):
     stage: str
+    pid: int                         # the stage process these cumulative figures belong to
     request_ids: list[str]
     num_steps: int
     cpu_seconds: float
-    step_seconds: float              # total time inside engine steps
-    connector_chunks: int = 0        # code2wav: ring chunks received
-    connector_latency_p50: float = 0.0   # seconds from the talker's put() to code2wav taking the chunk,
-    connector_latency_p99: float = 0.0   # over the most recent chunks
+    step_durations: DurationHistogram          # time inside each engine step
+    connector_chunks: int = 0                  # code2wav: ring chunks received
+    connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken
     prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
                                          # as many text tokens as the reference has frames)
     rows_waiting_for_text: int = 0       # talker: rows parked until their next text row arrives
 
 
 class StageFailed(msgspec.Struct, tag=True):
+    """The stage's main loop raised; sent before the process exits."""
     stage: str
-    error: str
+    error: str                       # the traceback, for the log
+    message: str                     # "ExceptionType: text", for the failure reason users see
 
 
 class Heartbeat(msgspec.Struct, tag=True):
@@ -124,3 +151,4 @@ class StageLaunch(msgspec.Struct):
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     lent_threads: int = 0            # code2wav: more threads while the talker generates for none of its requests
     max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start
+    log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)

@@ -21,7 +21,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt, embed_text
 
 from .common import StageIO, run_stage
-from .protocol import Abort, AddRequest, AppendText, GetStats, Ready, Shutdown, StageLaunch, StageStats, TalkerDone
+from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, GetStats, Ready,
+                       Shutdown, StageLaunch, StageStats, TalkerDone)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatureWorker
 
 
@@ -54,7 +55,7 @@ class TalkerStage:
         self.prompt_rows: dict[str, int] = {}
         self.num_frames: dict[str, int] = {}
         self.open_texts: dict[str, OpenText] = {}
-        self.step_seconds = 0.0
+        self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
 
     def run(self) -> None:
         self.writer.start()
@@ -77,7 +78,7 @@ class TalkerStage:
             if self.engine.has_work():
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                self.step_seconds += time.perf_counter() - started
+                self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
                     self._emit(out.request_id, out.frame, out.finished, out.finish_reason)
 
@@ -93,7 +94,7 @@ class TalkerStage:
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
             self.io.send(StageStats(
-                "talker", stats.request_ids, stats.steps, time.process_time(), self.step_seconds,
+                "talker", os.getpid(), stats.request_ids, stats.steps, time.process_time(), self.step_durations,
                 prompts_waiting_for_text=sum(not t.in_engine for t in self.open_texts.values()),
                 rows_waiting_for_text=stats.num_parked))
 

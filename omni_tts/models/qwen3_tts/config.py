@@ -13,10 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
+# the sizes random_model.py builds; here, torch-free, so the CLI can list them without importing torch
+RANDOM_MODEL_PRESETS = ("tiny", "small", "medium", "0.6b", "1.7b")
 
 
 class ConfigError(ValueError):
     """A checkpoint config is missing a key or holds a value of the wrong kind."""
+
+
+class WeightsError(RuntimeError):
+    """A checkpoint is missing, unreachable, or does not match the model it is loaded into (weights.py raises it;
+    defined here, torch-free, so the CLI can catch it without importing torch)."""
 
 
 class _Reader:

@@ -20,11 +20,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from .config import MODEL_TYPES as VARIANTS
+from .config import RANDOM_MODEL_PRESETS as PRESETS
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig
 from .text_tokenizer import write_text_tokenizer_files
-
-PRESETS = ("tiny", "small", "medium", "0.6b", "1.7b")
-VARIANTS = ("custom_voice", "voice_design", "base")
 
 TOP_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671, tts_bos_token_id=151672,
                tts_eos_token_id=151673, assistant_token_id=77091)

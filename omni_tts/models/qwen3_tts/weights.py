@@ -8,9 +8,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-
-class WeightsError(RuntimeError):
-    """A checkpoint is missing, unreachable, or does not match the model it is loaded into."""
+from .config import WeightsError
 
 
 def resolve_model_dir(model: str) -> str:

@@ -1,0 +1,121 @@
+"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, every way `serve` can fail before
+it serves — a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it
+starts — each one line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import FIXTURES
+from omni_tts.entrypoints.cli import main
+from server_util import ServerProcess, free_port, stage_pids
+
+CLI = [sys.executable, "-m", "omni_tts.entrypoints.cli"]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, status: int, message: str) -> None:
+    """Exit `status`; stderr is nothing but `omni-tts serve: error: …` containing `message` (no log, no traceback)."""
+    assert result.returncode == status, (result.returncode, result.stderr)
+    assert result.stderr.startswith("omni-tts serve: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"omni-tts {importlib.metadata.version('omni_tts')}\n"
+
+
+@pytest.mark.parametrize("command,defaults", [
+    ("serve", ["--port PORT", "(default: 8000)", "(default: 127.0.0.1)", "(default: 256)", "(default: info)",
+               "(default: $OMNI_TTS_API_KEY)", "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)"]),
+    ("synthesize", ["(default: cpu)", "(default: float32)", "(default: warning)",
+                    "(default: the checkpoint's generation_config.json)"]),
+    ("make-tiny-model", ["(default: tiny)", "(default: 0)", "(default: bfloat16)", "(default: warning)"]),
+])
+def test_help_shows_the_defaults(command, defaults, capsys, monkeypatch):
+    monkeypatch.setenv("OMNI_TTS_API_KEY", "secret-key-never-shown")
+    monkeypatch.setenv("COLUMNS", "200")  # one option per line: the defaults are not wrapped apart
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for default in defaults:
+        assert default in text, default
+    assert "(default: None)" not in text and "secret-key-never-shown" not in text
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_bad_port_is_a_usage_error(port):
+    result = run_cli("serve", "--port", port)
+    assert_one_line_error(result, 2, "argument --port: must be ")
+
+
+def test_busy_port_fails_at_once_before_loading_anything():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = run_cli("serve", "--port", str(port), "--model", str(FIXTURES / "tiny-custom-voice"))
+        elapsed = time.monotonic() - started
+    assert_one_line_error(result, 1, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert elapsed < 3.0  # the tiny model alone takes longer to load: nothing was loaded
+
+
+def test_missing_device_is_named_before_any_stage_starts(tmp_path):
+    absent = f"cuda:{torch.cuda.device_count()}"  # one past this machine's last GPU (cuda:0 on a CPU machine)
+    layout = tmp_path / "gpu.yaml"
+    layout.write_text(f"stages:\n  talker: {{device: cpu}}\n  code2wav: {{device: '{absent}'}}\n")
+    result = run_cli("serve", "--port", str(free_port()), "--model", str(FIXTURES / "tiny-custom-voice"),
+                     "--stage-config", str(layout))
+    assert_one_line_error(result, 2, f"device {absent} of stage code2wav does not exist (torch sees ")
+
+
+@pytest.mark.parametrize("damage", ["missing", "config"])
+def test_unloadable_model_is_one_line(damage, tmp_path):
+    model = tmp_path / "model"
+    if damage == "config":
+        shutil.copytree(FIXTURES / "tiny-custom-voice", model)
+        (model / "config.json").write_text("{ not json")
+    result = run_cli("serve", "--port", str(free_port()), "--model", str(model))
+    assert_one_line_error(result, 2, str(model))
+
+
+def test_stage_that_raises_at_start_reports_its_own_error(tmp_path):
+    """Both stages read the speech tokenizer's weights in their own process; garbage there makes them raise while
+    they load. The reason the user sees is that exception's own text, not merely that a process exited."""
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURES / "tiny-custom-voice", model)
+    weights = model / "speech_tokenizer" / "model.safetensors"
+    weights.write_bytes(json.dumps({"not": "safetensors"}).encode() * 8)
+    with pytest.raises(Exception) as raised:
+        safe_open(str(weights), framework="pt")
+    own_error = f"{type(raised.value).__name__}: {raised.value}"
+    result = run_cli("serve", "--port", str(free_port()), "--model", str(model), "--log-level", "warning")
+    assert_one_line_error(result, 1, "the pipeline did not start: stage ")
+    assert f"failed: {own_error}\n" in result.stderr
+
+
+def test_ctrl_c_stops_the_server_and_its_stages_quietly():
+    """Ctrl+C in a terminal sends SIGINT to the whole process group, the stages included: the server shuts them
+    down itself, none dies of the signal (no traceback, no restart), and it exits 0."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"))
+    pids = stage_pids(server.proc.pid)
+    for pid in [server.proc.pid, *pids]:
+        os.kill(pid, signal.SIGINT)
+    assert server.proc.wait(30) == 0
+    output = server.output()
+    assert "Traceback" not in output and "failed" not in output, output

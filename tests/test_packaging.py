@@ -1,0 +1,59 @@
+"""The wheel serves on its own: built from the repository, installed into a fresh virtualenv outside it and started
+from a directory outside it, `omni-tts serve` finds everything it reads at run time (stage configs, tokenizer
+assets for the embedded tiny model) inside the installed package."""
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import soundfile as sf
+
+from server_util import ServerProcess, environment, request
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_wheel(out_dir: Path, work_dir: Path) -> Path:
+    """The wheel of the repository's package, built from a copy of what the build reads: a build inside the
+    repository would leave a build/ folder there, whose stale files a later wheel would take along."""
+    source = work_dir / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "omni_tts", source / "omni_tts", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(out_dir), str(source)], check=True, capture_output=True)
+    [wheel] = out_dir.glob("omni_tts-*.whl")
+    return wheel
+
+
+def test_wheel_installed_outside_the_repository_serves(tmp_path):
+    assert REPO not in tmp_path.parents
+    wheel = build_wheel(tmp_path / "dist", tmp_path)
+    venv = tmp_path / "venv"
+    # system site-packages: torch and the other dependencies, already installed, are found there
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
+                    "--no-index", "-q", str(wheel)], check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": None, "OMNI_TTS_CACHE": str(tmp_path / "cache")}  # the tiny model made from the wheel's assets
+    installed = subprocess.run([str(venv / "bin" / "python"), "-c", "import omni_tts; print(omni_tts.__file__)"],
+                               cwd=elsewhere, env=environment(env),
+                               capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(installed).is_relative_to(venv / "lib"), installed
+    server = ServerProcess(env=env, command=[str(venv / "bin" / "omni-tts")], cwd=str(elsewhere))
+    try:
+        status, headers, body = request(server.url + "/v1/audio/speech", {
+            "model": "tiny-custom-voice-v1", "input": "Served from the wheel.", "voice": "ryan",
+            "response_format": "wav", "max_new_tokens": 12})
+        assert status == 200 and headers["Content-Type"] == "audio/wav", body[:300]
+        audio, rate = sf.read(io.BytesIO(body))
+        assert rate == 24000 and len(audio) > 0
+        status, _, health = request(server.url + "/health")
+        assert status == 200 and json.loads(health) == {"status": "healthy"}
+    finally:
+        output = server.stop()
+    assert " ready: serving " in output and str(REPO) not in output
