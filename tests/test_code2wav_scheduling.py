@@ -226,6 +226,20 @@ def test_engine_audio_equals_one_pass_decode(decoder, max_frames):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("bad", [np.full((3, 16), 2048), np.full((3, 16), -1), np.zeros((3, 8), np.int64)])
+def test_engine_refuses_codes_the_decoder_cannot_look_up(decoder, bad):
+    """Refused when queued, so a bad chunk never reaches a decoder call shared with other requests."""
+    engine = Code2WavEngine(decoder, max_batch_size=4)
+    engine.add_request("good")
+    engine.add_request("bad")
+    with pytest.raises(ValueError, match="codes"):
+        engine.add_chunk("bad", CodecChunk(bad, is_last=True))
+    engine.abort("bad")
+    engine.add_chunk("good", CodecChunk(np.full((3, 16), decoder.cfg.codebook_size - 1), is_last=True))
+    outputs = engine.step()
+    assert [(o.request_id, o.finished, o.audio.size) for o in outputs] == [("good", True, 3 * decoder.samples_per_frame)]
+
+
 def test_calibration_returns_a_positive_budget_quickly(decoder):
     started = time.perf_counter()
     budget = measure_frame_budget(decoder, chunk_frames=25, max_rows=32)

@@ -17,6 +17,7 @@ import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests
 from omni_tts.config import load_stage_config
+from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -123,6 +124,60 @@ def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
             sock.close(linger=1000)
         return "code2wav"
     asyncio.run(fault_then_recover(corrupt, reason="ThreadFailed: code2wav connector thread failed"))
+
+
+def test_codes_out_of_range_fail_one_request_not_the_stage():
+    """A chunk whose codes the decoder cannot look up (as fuzzing once produced) fails its own request with a clear
+    error; the requests batched beside it finish, and no stage dies or restarts."""
+    async def main():
+        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
+        await engine.start()
+        pids = engine.stage_pids()
+        try:
+            victim, *others = long_requests(3)
+            victim_task = asyncio.create_task(collect_as(engine, victim, "victim"))
+            other_tasks = [asyncio.create_task(collect(engine, r)) for r in others]
+            await asyncio.sleep(0.5)
+            assert not victim_task.done()
+            # the talker is held still so that no slot is being written: every slot it owns is free on its side
+            os.kill(pids["talker"], signal.SIGSTOP)
+            try:
+                await asyncio.sleep(0.2)  # code2wav releases what it has
+                forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
+                with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: codes in \[4096, 4096\]"):
+                    await asyncio.wait_for(victim_task, 5)
+            finally:
+                os.kill(pids["talker"], signal.SIGCONT)
+            for audio in await asyncio.wait_for(asyncio.gather(*other_tasks), 60):
+                assert audio.size > 0
+            assert engine.is_healthy and sum(engine.restarts.values()) == 0 and engine.stage_pids() == pids
+            audio = await collect(engine, case_requests(CASE)[0])
+            np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
+        finally:
+            await engine.shutdown()
+    asyncio.run(main())
+
+
+async def collect_as(engine: AsyncTTSEngine, request: SynthesisRequest, request_id: str) -> np.ndarray:
+    return np.concatenate([c.audio async for c in engine.generate(request, request_id=request_id)])
+
+
+def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> None:
+    """Write a chunk for `request_id` into the ring's last slot and notify code2wav, as the talker would."""
+    spec = engine._ring.spec
+    slot = spec.num_slots - 1
+    fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
+    with mmap.mmap(fd, spec.total_bytes) as mm:
+        offset = slot * spec.slot_bytes
+        mm[offset + HEADER_BYTES:offset + HEADER_BYTES + codes.nbytes] = codes.tobytes()
+        raw_id = request_id.encode()
+        struct.pack_into("<qqIIH64s", mm, offset, 10 ** 6, time.monotonic_ns(), codes.shape[0], 0, len(raw_id),
+                         raw_id)
+    os.close(fd)
+    with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
+        sock.connect(spec.notify_address)
+        sock.send(struct.pack("<I", slot))
+        sock.close(linger=1000)
 
 
 def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():

@@ -3,6 +3,7 @@ malformed voice uploads, disk use of replaced voices, the store quota, the API k
 import base64
 import http.client
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -15,7 +16,7 @@ from conftest import FIXTURES
 from omni_tts.audio.ref_audio import URL_FAILED
 from omni_tts.entrypoints.cli import main
 from omni_tts.entrypoints.voices import MAX_REF_TEXT_CHARS
-from server_util import ServerProcess, free_port
+from server_util import ServerProcess, free_port, request
 
 MODEL = "qwen3-tts"
 CLIP = (FIXTURES / "ref_voice.wav").read_bytes()
@@ -103,9 +104,10 @@ def guarded_server():
 
 @pytest.fixture(scope="module")
 def one_slot_server():
-    """Room for one request; remote ref_audio on, 127.0.0.2 allow-listed."""
+    """Room for one request; remote ref_audio on, 127.0.0.2 allow-listed; idle connections closed after 1 s."""
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--max-queue", "1",
-                           "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32")
+                           "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32",
+                           "--keepalive-timeout", "1")
     yield server
     server.stop()
 
@@ -193,6 +195,26 @@ def test_admission_comes_before_the_reference_fetch(one_slot_server):
 
 
 # --- API key -----------------------------------------------------------------------------------------------------
+def test_idle_and_half_sent_connections_are_closed(one_slot_server):
+    """A connection that never finishes its headers (slowloris), or idles after an answer, holds a socket only for
+    --keepalive-timeout."""
+    def closed_within(sock: socket.socket, seconds: float) -> float:
+        started = time.monotonic()
+        sock.settimeout(seconds)
+        while sock.recv(65536):  # an answer first, if there was a whole request; then the close (b"")
+            pass
+        return time.monotonic() - started
+
+    with socket.create_connection(("127.0.0.1", one_slot_server.port)) as half_sent:
+        half_sent.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        assert closed_within(half_sent, 10) < 5
+    with socket.create_connection(("127.0.0.1", one_slot_server.port)) as idle:
+        idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert closed_within(idle, 10) < 5
+    status, _, _ = request(one_slot_server.url + "/health")
+    assert status == 200  # the server itself is unaffected
+
+
 def test_api_key_guards_every_route_but_health(guarded_server):
     assert call(guarded_server, "GET", "/health")[0] == 200
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {API_KEY}"},

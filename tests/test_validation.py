@@ -194,9 +194,12 @@ def test_concurrent_scrapes_all_get_the_stage_figures_quickly(server):
 def test_ref_text_beyond_the_talkers_limit_is_400(base_server):
     clone = dict(model=MODEL, input="Clone me.", ref_audio=str(REF_WAV), response_format="pcm", temperature=0,
                  max_new_tokens=8)
-    status, _, answer = speech(base_server, dict(clone, ref_text="word " * 700))
+    # within the character cap (1024), beyond the talker's 512 tokens: an emoji is several byte-level tokens
+    status, _, answer = speech(base_server, dict(clone, ref_text="\N{PARROT}" * 600))
     error = error_of(answer)
     assert status == 400 and error["param"] == "ref_text" and "limit" in error["message"], (status, error)
+    status, _, answer = speech(base_server, dict(clone, ref_text="x" * 1025))  # the cap uploads have too
+    assert status == 400 and error_of(answer)["param"] == "ref_text" and "1024" in error_of(answer)["message"]
     started = time.monotonic()
     status, _, answer = speech(base_server, dict(clone, ref_text="word " * 1_200_000))  # 6 MB
     assert status == 400 and error_of(answer)["param"] == "ref_text" and time.monotonic() - started < 2.0

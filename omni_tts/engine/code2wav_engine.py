@@ -61,7 +61,14 @@ class Code2WavEngine:
             self.scheduler.add_request(request_id, time.monotonic())
 
     def add_chunk(self, request_id: str, chunk: CodecChunk) -> bool:
-        """Queue a chunk; False if the request is unknown (aborted or never registered): the chunk is dropped."""
+        """Queue a chunk; False if the request is unknown (aborted or never registered): the chunk is dropped.
+        ValueError for codes the decoder cannot look up: caught here, they fail one request instead of a decoder
+        call (and the stage) for every request batched with it."""
+        codes, cfg = chunk.codes, self.decoder.cfg
+        if codes.ndim != 2 or codes.shape[1] != cfg.num_quantizers:
+            raise ValueError(f"codes of shape {codes.shape}; the decoder takes [frames, {cfg.num_quantizers}]")
+        if codes.size and (codes.min() < 0 or codes.max() >= cfg.codebook_size):
+            raise ValueError(f"codes in [{codes.min()}, {codes.max()}], outside [0, {cfg.codebook_size})")
         return self.scheduler.add_chunk(request_id, chunk)
 
     def abort(self, request_id: str) -> bool:

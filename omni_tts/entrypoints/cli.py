@@ -126,6 +126,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
     p.add_argument("--body-read-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive before the server answers 408")
+    p.add_argument("--keepalive-timeout", type=float, default=30.0,
+                   help="seconds an idle connection stays open, and the most a request's headers may take to arrive "
+                        "(a client that never finishes them is cut off)")
     p.add_argument("--first-audio-timeout", type=float, default=120.0,
                    help="seconds an admitted request may wait for its first audio before a 503")
     p.add_argument("--request-timeout", type=float, default=1800.0,
@@ -154,9 +157,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.body_read_timeout > 0:
         raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
     if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0
-            and args.stream_idle_timeout > 0):
-        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout, --request-timeout and "
-                         "--stream-idle-timeout must be > 0")
+            and args.stream_idle_timeout > 0 and args.keepalive_timeout > 0):
+        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout, --request-timeout, "
+                         "--stream-idle-timeout and --keepalive-timeout must be > 0")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     try:
@@ -229,7 +232,8 @@ def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls:
                 stage_config, url)
     ready = _ready_line(engine, model_dir, names, url)
     try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
-        web.run_app(app, sock=listener, handler_cancellation=True, print=lambda _banner: logger.info("%s", ready),
+        web.run_app(app, sock=listener, handler_cancellation=True, keepalive_timeout=args.keepalive_timeout,
+                    print=lambda _banner: logger.info("%s", ready),
                     access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
     except StageDeadError as e:  # a stage did not start
         _error("serve", f"the pipeline did not start: {e}")

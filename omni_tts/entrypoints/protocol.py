@@ -40,6 +40,7 @@ class ApiError(Exception):
 
 
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+RefText = Annotated[str, msgspec.Meta(max_length=MAX_REF_TEXT_CHARS)]  # a clip's transcript, uploaded or sent
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 # the ranges of SamplingParams.validate, so the schema states them and they fail before admission
 Probability = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
@@ -64,7 +65,7 @@ class SpeechOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
     language: Name | None = None
     ref_audio: str | None = None
-    ref_text: Text | None = None
+    ref_text: RefText | None = None
     x_vector_only_mode: bool = False
     non_streaming_mode: bool | None = None
     max_new_tokens: Annotated[int, msgspec.Meta(ge=2, le=MAX_NEW_TOKENS)] | None = None
@@ -128,7 +129,7 @@ class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     audio_sample: bytes
     consent: Annotated[str, msgspec.Meta(max_length=MAX_CONSENT_CHARS)] | None = None
-    ref_text: Annotated[str, msgspec.Meta(max_length=MAX_REF_TEXT_CHARS)] | None = None
+    ref_text: RefText | None = None
     type: Literal["audio_sample"] = "audio_sample"   # OpenAI's other kind, "prompt", needs a voice-design model
 
 

@@ -534,6 +534,9 @@ class AsyncTTSEngine:
         state = self.requests.get(event.request_id)
         if state is None:
             return  # aborted meanwhile
+        if event.error is not None:
+            self._fail(event.request_id, state, RequestFailed(event.error))
+            return
         audio = np.frombuffer(event.pcm, dtype=np.float32)
         state.num_samples += audio.shape[0]
         if audio.shape[0] or event.finished:

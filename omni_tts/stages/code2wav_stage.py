@@ -60,7 +60,12 @@ class Code2WavStage:
                 rid = chunk.request_id
                 if rid not in self.aborted:
                     self.engine.add_request(rid)  # normally pre-registered already; a no-op then
-                    self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
+                    try:
+                        self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
+                    except ValueError as e:
+                        logger.error("request %s: chunk %d refused: %s", rid, chunk.seq, e)
+                        self._abort(rid)
+                        self.io.send(AudioChunk(rid, b"", True, error=f"code2wav cannot decode its codes: {e}"))
                 self.reader.release(chunk)
             if self.engine.has_work():
                 self._set_threads()
@@ -76,15 +81,18 @@ class Code2WavStage:
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self.aborted[request_id] = None
+        while len(self.aborted) > _RECENTLY_ABORTED:
+            self.aborted.popitem(last=False)
+
     def _handle(self, message: object) -> None:
         if isinstance(message, Register):
             self.aborted.pop(message.request_id, None)
             self.engine.add_request(message.request_id)
         elif isinstance(message, Abort):
-            self.engine.abort(message.request_id)
-            self.aborted[message.request_id] = None
-            while len(self.aborted) > _RECENTLY_ABORTED:
-                self.aborted.popitem(last=False)
+            self._abort(message.request_id)
         elif isinstance(message, GetStats):
             self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.states), self.engine.num_steps,
                                     time.process_time(), self.step_durations, self.num_chunks,

@@ -76,6 +76,7 @@ class AudioChunk(msgspec.Struct, tag=True):
     request_id: str
     pcm: bytes                       # float32 samples at 24 kHz
     finished: bool
+    error: str | None = None         # code2wav refused the request (finished is then True)
 
 
 # bucket bounds (seconds) of the stages' histograms: an engine step takes ~1–20 ms on a GPU, 20 ms–1 s on a CPU; a
