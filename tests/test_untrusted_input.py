@@ -21,6 +21,7 @@ from server_util import ServerProcess, free_port, request
 MODEL = "qwen3-tts"
 CLIP = (FIXTURES / "ref_voice.wav").read_bytes()
 API_KEY = "s3cret-key"
+APP_ORIGIN = "https://app.example:8443"
 SPEECH = {"model": MODEL, "input": "Hi.", "x_vector_only_mode": True, "response_format": "pcm",
           "temperature": 0, "max_new_tokens": 4}
 
@@ -94,10 +95,10 @@ def plain_server(voices_dir):
 
 @pytest.fixture(scope="module")
 def guarded_server():
-    """Remote ref_audio on, 127.0.0.2 allow-listed; the API key from the environment."""
+    """Remote ref_audio on, 127.0.0.2 allow-listed; the API key from the environment; CORS for APP_ORIGIN."""
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
                            "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "127.0.0.2/32",
-                           env={"OMNI_TTS_API_KEY": API_KEY})
+                           "--allowed-origins", APP_ORIGIN, env={"OMNI_TTS_API_KEY": API_KEY})
     yield server
     server.stop()
 
@@ -213,6 +214,29 @@ def test_idle_and_half_sent_connections_are_closed(one_slot_server):
         assert closed_within(idle, 10) < 5
     status, _, _ = request(one_slot_server.url + "/health")
     assert status == 200  # the server itself is unaffected
+
+
+def test_cors_only_for_the_allowed_origins(guarded_server, plain_server):
+    """A preflight from an allowed origin is answered before the API key is checked; answers to it (streamed ones
+    too) name it; any other origin, and every origin on a server without --allowed-origins, gets no CORS header."""
+    preflight = {"Origin": APP_ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    status, headers, _ = request(guarded_server.url + "/v1/audio/speech", method="OPTIONS", headers=preflight)
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == APP_ORIGIN
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    speech = dict(model=MODEL, input="Hi.", voice="alloy", response_format="pcm", stream=True, max_new_tokens=4,
+                  ref_audio=data_uri(CLIP), x_vector_only_mode=True)
+    status, headers, _ = request(guarded_server.url + "/v1/audio/speech", speech, headers={**key, "Origin": APP_ORIGIN})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == APP_ORIGIN
+    assert "X-Request-Id" in headers["Access-Control-Expose-Headers"] and "Origin" in headers["Vary"]
+    for server, origin in [(guarded_server, "http://elsewhere.example"), (plain_server, APP_ORIGIN)]:
+        status, headers, _ = request(server.url + "/v1/audio/speech", method="OPTIONS",
+                                     headers={**preflight, "Origin": origin})
+        assert status != 204 and "Access-Control-Allow-Origin" not in headers
+        status, headers, _ = request(server.url + "/health", headers={"Origin": origin})
+        assert status == 200 and "Access-Control-Allow-Origin" not in headers
 
 
 def test_api_key_guards_every_route_but_health(guarded_server):
@@ -339,4 +363,6 @@ def test_serve_flags_are_checked_before_anything_starts(capsys):
     assert "--ref-audio-allowed-hosts needs --allow-remote-ref-audio" in capsys.readouterr().err
     assert main(["serve", "--allow-remote-ref-audio", "--ref-audio-allowed-hosts", "10.0.0.0/8,http://x"]) == 2
     assert "'http://x' is neither an IP address" in capsys.readouterr().err
+    assert main(["serve", "--allowed-origins", "https://app.example/path"]) == 2
+    assert "--allowed-origins takes origins such as" in capsys.readouterr().err
     assert main(["serve", "--voices-quota-mb", "0"]) == 2

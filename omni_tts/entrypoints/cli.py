@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import urllib.parse
 from typing import TYPE_CHECKING, NoReturn
 
 from omni_tts import package_version
@@ -122,6 +123,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "(loopback, private, link-local); repeatable or comma-separated")
     p.add_argument("--voices-quota-mb", type=int, default=1024,
                    help="total size of the uploaded voices' clips, in MiB; uploads beyond are answered 413")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="browser origins (scheme://host[:port], or *) that may call the API across origins (CORS); "
+                        "default: none")
     p.add_argument("--api-key",  # the default is read later: --help must not print the key
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
     p.add_argument("--body-read-timeout", type=float, default=30.0,
@@ -154,6 +158,11 @@ def _serve(args: argparse.Namespace) -> int:
     if allowed_hosts and not args.allow_remote_ref_audio:
         raise ValueError("--ref-audio-allowed-hosts needs --allow-remote-ref-audio")
     ref_audio_urls = UrlPolicy.parse(allowed_hosts) if args.allow_remote_ref_audio else None
+    for origin in args.allowed_origins:
+        parts = urllib.parse.urlsplit(origin)
+        if origin != "*" and not (parts.scheme in ("http", "https") and parts.netloc and not parts.path.strip("/")
+                                  and not parts.query and not parts.fragment):
+            raise ValueError(f"--allowed-origins takes origins such as https://app.example:8443 (or *), got {origin!r}")
     if not args.body_read_timeout > 0:
         raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
     if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0
@@ -225,6 +234,7 @@ def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls:
         max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
+        allowed_origins=tuple(args.allowed_origins),
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
         stream_idle_timeout=args.stream_idle_timeout))
     url = _url(listener)

@@ -29,6 +29,7 @@ from omni_tts import package_version
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, streamable_formats
 from omni_tts.audio.ref_audio import RefAudioError, RemoteAudioFetcher, UrlPolicy, fetch_ref_audio
 from omni_tts.audio.speed import change_speed
+from omni_tts.entrypoints.cors import Cors
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
                                         unknown_uploaded_voice)
@@ -59,6 +60,7 @@ class ServerConfig:
     ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
     voices_quota_bytes: int = QUOTA_BYTES      # all uploaded clips together; beyond → 413
     api_key: str | None = None                 # when set, every route but /health needs `Authorization: Bearer <key>`
+    allowed_origins: tuple[str, ...] = ()      # CORS: browser origins that may call the API ("*": any)
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
@@ -620,7 +622,8 @@ def api_key_middleware(api_key: str) -> Callable:
 
 def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
     """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
-    middlewares = [error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    cors = Cors(config.allowed_origins)
+    middlewares = [cors.middleware(), error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[ENGINE], app[CONFIG] = engine, config
     # refuses a --default-voice the checkpoint lacks before any stage starts
@@ -641,6 +644,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
 
     app.cleanup_ctx.append(lifecycle)
     app.on_response_prepare.append(send_request_id)
+    app.on_response_prepare.append(cors.add_headers)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
         web.get("/v1/audio/speech/stream", speech_stream),
