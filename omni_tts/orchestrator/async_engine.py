@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import msgspec
 import numpy as np
@@ -51,6 +51,9 @@ from omni_tts.stages import code2wav_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register, Shutdown,
                                       StageCommand, StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
+
+if TYPE_CHECKING:  # text_stream builds on this module
+    from .text_stream import TextStream
 
 logger = logging.getLogger(__name__)
 
