@@ -13,6 +13,7 @@ from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut, StageDeadError
 from test_supervision import wait_until_no_stage_holds_requests
 
+SAMPLES_PER_FRAME = 1920  # 24 kHz at 12.5 frames per second
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
 
 
@@ -74,6 +75,35 @@ def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_sta
             await stream.aclose()
             await wait_until_no_stage_holds_requests(engine)
             assert engine.requests == {}
+    asyncio.run(main())
+
+
+def test_frames_made_before_the_text_runs_out_are_sent_at_once():
+    """A request that has caught up with its text sends the frames it holds instead of keeping them for a full chunk:
+    while no more text comes, the audio for the words already there must reach the player."""
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            first, rest = "One two three four five six seven eight nine ten", " eleven twelve."
+            expected = await whole(engine, first + rest)
+            received: list[np.ndarray] = []
+            async with await engine.open_text_stream(request()) as stream:
+                async def consume():
+                    async for chunk in stream:
+                        received.append(chunk.audio)
+                consumer = asyncio.create_task(consume())
+                await stream.append(first)
+                await asyncio.sleep(3.0)  # the talker makes a frame per text token, then waits for more text
+                held_back = sum(a.size for a in received)
+                await stream.append(rest)
+                await stream.finish()
+                await consumer
+            # a frame per token of `first`, but the last (held back: the next piece might continue its word), the
+            # prefill's and one to spare; the chunk size (25) is above it, so only an early send gets them out
+            frames_for_first = len(engine.prompts.tokenize(request(first)).text_ids) - 3
+            assert held_back >= frames_for_first * SAMPLES_PER_FRAME, (held_back, frames_for_first)
+            audio = np.concatenate(received)
+            assert audio.shape == expected.shape
+            np.testing.assert_allclose(audio, expected, atol=1e-5, rtol=0)
     asyncio.run(main())
 
 

@@ -1,5 +1,6 @@
 """Talker-side grouping of frames into connector chunks: a small first chunk for a fast first packet, then
-`codec_chunk_frames`; the remainder is flushed when the request ends."""
+`codec_chunk_frames`; the remainder is flushed when the request ends, or early (`flush`) when the request waits for
+text that has not arrived: frames already made must not wait for words still to come."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,3 +24,9 @@ class FrameChunker:
         self.frames = []
         self.num_chunks += 1
         return chunk
+
+    def flush(self) -> np.ndarray | None:
+        """The frames held so far as a chunk, or None when there are none."""
+        if not self.frames:
+            return None
+        return self.add(None, finished=True)

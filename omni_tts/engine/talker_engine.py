@@ -74,6 +74,9 @@ class TalkerEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def waiting_for_text(self) -> list[str]:
+        return self.scheduler.waiting_for_text()
+
     def stats(self) -> TalkerEngineStats:
         s = self.scheduler.stats()
         return TalkerEngineStats(s.num_running, s.num_waiting, s.num_parked, s.free_rows, self.num_steps,

@@ -172,6 +172,10 @@ class TalkerScheduler:
     def _num_rows_in_use(self) -> int:
         return len(self.running) + len(self.parked)
 
+    def waiting_for_text(self) -> list[str]:
+        """Requests in rows (running or parked) whose next step needs text that has not arrived."""
+        return [r.request_id for r in self.running + self.parked if not self._can_step(r)]
+
     def _can_step(self, request: TalkerRequest) -> bool:
         """Whether the row's next step has its inputs: with open text, the trailing row it reads (else it would
         read tts_pad, which ends the speech) and room within the limit for the text so far."""

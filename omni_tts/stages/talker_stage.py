@@ -81,6 +81,12 @@ class TalkerStage:
                 self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
                     self._emit(out.request_id, out.frame, out.finished, out.finish_reason)
+                # a request that caught up with its text sends what it has: the player must not run dry on audio
+                # that is made already (the cost: smaller chunks while the text is slower than the talker)
+                for request_id in self.engine.waiting_for_text():
+                    chunk = self.chunkers[request_id].flush()
+                    if chunk is not None:
+                        self._put(request_id, chunk, False)
 
     def _handle(self, message: object) -> None:
         if isinstance(message, AddRequest):
