@@ -11,7 +11,7 @@ from omni_tts.config import load_stage_config
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut, StageDeadError
-from test_supervision import wait_until_no_stage_holds_requests
+from test_supervision import RECOVERY_SECONDS, wait_until_no_stage_holds_requests
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz at 12.5 frames per second
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
@@ -107,13 +107,13 @@ def test_frames_made_before_the_text_runs_out_are_sent_at_once():
     asyncio.run(main())
 
 
-async def wait_for(condition, what: str) -> None:
+async def wait_for(condition, what: str, seconds: float = 5.0) -> None:
     """condition: an async function returning whether what the test waits for is there."""
-    for _ in range(100):
-        if await condition():
-            return
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(what)
         await asyncio.sleep(0.05)
-    raise AssertionError(what)
 
 
 def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
@@ -134,7 +134,7 @@ def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
                     pass
             await stream.append("and this goes nowhere")  # the request is gone: nothing to send it to
             await stream.aclose()
-            await wait_for(healthy, "the pipeline restarted")
+            await wait_for(healthy, "the pipeline restarted", RECOVERY_SECONDS)  # a restart loads the model again
             await wait_until_no_stage_holds_requests(engine)
     asyncio.run(main())
 
