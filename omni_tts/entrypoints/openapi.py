@@ -168,7 +168,10 @@ def _speech_stream_operation() -> dict:
             "server answers with JSON events (SpeechStreamServerEvent) and binary frames of audio in the configured "
             "format, between an utterance's audio.start and audio.done; an error event is followed by the close of "
             "the connection. split_granularity token (the default) speaks each utterance as one request whose text "
-            "grows as it arrives, with the audio of the whole text (streaming layout)."),
+            "grows as it arrives, with the audio of the whole text (streaming layout). With an API key, a client "
+            "that cannot set the Authorization header (a browser) may offer the subprotocols `omni-tts` and "
+            "`omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server answers "
+            "`omni-tts`."),
         "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
                         "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
         "responses": {

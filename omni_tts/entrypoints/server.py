@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 import numpy as np
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -598,19 +598,44 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
+SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
+# A browser's WebSocket cannot send headers, only subprotocols: on the stream route the key may come as the
+# subprotocol `omni-tts.bearer.<the key's UTF-8 in base64url, unpadded>`, offered beside `omni-tts`, the one the
+# server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap).
+WS_PROTOCOL = "omni-tts"
+WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
+
+
+def presented_api_key(request: web.Request) -> bytes | None:
+    """The key a request presents: `Authorization: Bearer <key>`, or on the WebSocket route the key subprotocol."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return given.strip().encode("utf-8", "surrogateescape")
+    if request.path != SPEECH_STREAM_PATH:
+        return None
+    offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]
+    for protocol in offered:
+        if protocol.startswith(WS_KEY_PROTOCOL_PREFIX) and WS_PROTOCOL in offered:
+            encoded = protocol[len(WS_KEY_PROTOCOL_PREFIX):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except ValueError:  # binascii.Error: not base64
+                return None
+    return None
+
+
 def api_key_middleware(api_key: str) -> Callable:
-    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; OPEN_PATHS stay open
-    (/health for load balancers and supervisors, the /docs page for browsers, which cannot send the header on
-    navigation). Runs inside error_middleware, which renders the error."""
+    """401 (OpenAI envelope, code invalid_api_key) unless the request presents the key (`presented_api_key`);
+    OPEN_PATHS stay open (/health for load balancers and supervisors, the /docs page for browsers, which
+    cannot send the header on navigation). Runs inside error_middleware, which renders the error."""
     expected = api_key.encode("utf-8")
 
     @web.middleware
     async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            given = presented_api_key(request)
             # constant-time: the comparison must not tell how much of a guessed key was right
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    given.strip().encode("utf-8", "surrogateescape"), expected):
+            if given is None or not hmac.compare_digest(given, expected):
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
         return await handler(request)
@@ -643,7 +668,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
     app.on_response_prepare.append(send_request_id)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
-        web.get("/v1/audio/speech/stream", speech_stream),
+        web.get(SPEECH_STREAM_PATH, speech_stream),
         web.get("/v1/audio/voices", list_voices),
         web.post("/v1/audio/voices", upload_voice),
         web.delete("/v1/audio/voices/{name}", delete_voice),
