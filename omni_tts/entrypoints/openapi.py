@@ -67,7 +67,13 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                        "created": {"type": "integer"},
                                                        "owned_by": {"type": "string"},
                                                        "root": {"type": "string",
-                                                                "description": "the primary name"}}}}}}
+                                                                "description": "the primary name"},
+                                                       "task_type": {"enum": ["CustomVoice", "VoiceDesign", "Base"],
+                                                                     "description": "the checkpoint's task: the "
+                                                                                    "only task_type it takes"},
+                                                       "languages": {"type": "array", "items": {"type": "string"},
+                                                                     "description": "the language values it "
+                                                                                    "takes (auto: detect)"}}}}}}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
           "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
 _SPEECH_EVENT_DATA = {"oneOf": [

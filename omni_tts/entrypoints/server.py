@@ -38,7 +38,7 @@ from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES,
                                            decode_speech_request, decode_voice_upload)
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import (AsyncTTSEngine, GenerationChunk, RequestFailed, RequestTimedOut,
                                                StageDeadError)
@@ -46,6 +46,7 @@ from omni_tts.stages.protocol import StageStats
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
+TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TYPES.items()}
 
 
 @dataclass
@@ -571,10 +572,15 @@ async def delete_voice(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """One entry per name the server answers to, the primary first; `root` names the primary in each."""
-    names = request.app[STATE].config.model_names
+    """One entry per name the server answers to, the primary first; `root` names the primary in each, and
+    `task_type` and `languages` say what a request may ask of the checkpoint (the playground reads them)."""
+    state = request.app[STATE]
+    names = state.config.model_names
+    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.engine.config.tts_model_type],
+                  "languages": state.engine.prompts.languages}
     return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} for name in names]})
+        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
+        for name in names]})
 
 
 async def health(request: web.Request) -> web.Response:
