@@ -2,9 +2,9 @@
 
 Routes: POST /v1/audio/speech, WS /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices,
 DELETE /v1/audio/voices/{name}, GET /v1/models, GET /health, GET /metrics, GET /version, GET /openapi.json and
-GET /docs (openapi.py). CPU work (tokenizer: single worker inside the engine; reference audio, encoding, base64: a
-small bounded pool) never runs on the loop. Each request gets an id (X-Request-Id, the engine's request id) and one
-access-log line (AccessLogger).
+GET /docs (openapi.py), GET / and GET /playground/{name} (playground.py). CPU work (tokenizer: single worker
+inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on the loop. Each request
+gets an id (X-Request-Id, the engine's request id) and one access-log line (AccessLogger).
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
                                         unknown_uploaded_voice)
-from omni_tts.entrypoints.openapi import OPEN_PATHS, openapi_routes
+from omni_tts.entrypoints.openapi import is_open_route, openapi_routes
+from omni_tts.entrypoints.playground import playground_routes
 from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechOptions, SpeechRequest,
                                            VoiceUpload,
                                            decode_speech_request, decode_voice_upload)
@@ -59,7 +60,7 @@ class ServerConfig:
     allowed_local_media_path: str | None = None
     ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
     voices_quota_bytes: int = QUOTA_BYTES      # all uploaded clips together; beyond → 413
-    api_key: str | None = None                 # when set, every route but /health needs `Authorization: Bearer <key>`
+    api_key: str | None = None                 # when set, every route but openapi.OPEN_PATHS needs the key
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
@@ -632,13 +633,13 @@ def presented_api_key(request: web.Request) -> bytes | None:
 
 def api_key_middleware(api_key: str) -> Callable:
     """401 (OpenAI envelope, code invalid_api_key) unless the request presents the key (`presented_api_key`);
-    OPEN_PATHS stay open (/health for load balancers and supervisors, the /docs page for browsers, which
-    cannot send the header on navigation). Runs inside error_middleware, which renders the error."""
+    OPEN_PATHS stay open (/health for load balancers and supervisors, the /docs and playground pages for browsers,
+    which cannot send the header on navigation). Runs inside error_middleware, which renders the error."""
     expected = api_key.encode("utf-8")
 
     @web.middleware
     async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
+        if not is_open_route(request):
             given = presented_api_key(request)
             # constant-time: the comparison must not tell how much of a guessed key was right
             if given is None or not hmac.compare_digest(given, expected):
@@ -683,5 +684,6 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/metrics", metrics),
         web.get("/version", version),
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
+        *playground_routes(),
     ])
     return app
