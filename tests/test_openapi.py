@@ -56,7 +56,7 @@ def test_api_key_is_documented():
     assert document["security"] == [{"apiKey": []}]
     for path, operations in document["paths"].items():
         for operation in operations.values():
-            assert ("401" in operation["responses"]) == (path not in ("/health", "/docs"))
+            assert ("401" in operation["responses"]) == (path not in ("/health", "/docs", "/", "/playground/{name}"))
 
 
 def test_every_route_is_documented():
@@ -101,7 +101,7 @@ def test_docs_page_renders_the_document_from_this_server_only(server):
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
 
 
-def test_the_docs_page_ships_in_the_wheel(tmp_path):
+def test_the_docs_page_and_the_playground_ship_in_the_wheel(tmp_path):
     root = Path(__file__).parent.parent
     source = tmp_path / "source"  # a copy: setuptools leaves build/ behind, whose stale files a later build reuses
     shutil.copytree(root / "omni_tts", source / "omni_tts", ignore=shutil.ignore_patterns("__pycache__"))
@@ -110,6 +110,9 @@ def test_the_docs_page_ships_in_the_wheel(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
                     "--wheel-dir", str(tmp_path), str(source)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("omni_tts-*.whl")
+    static = root / "omni_tts" / "entrypoints" / "static"
+    shipped = [static / "docs.html", *sorted((static / "playground").iterdir())]
+    assert len(shipped) > 2
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("omni_tts/entrypoints/static/docs.html") == (
-            root / "omni_tts" / "entrypoints" / "static" / "docs.html").read_bytes()
+        for path in shipped:
+            assert archive.read(path.relative_to(root).as_posix()) == path.read_bytes()

@@ -1,6 +1,6 @@
 """The wheel serves on its own: built from the repository, installed into a fresh virtualenv outside it and started
 from a directory outside it, `omni-tts serve` finds everything it reads at run time (stage configs, tokenizer
-assets for the embedded tiny model) inside the installed package."""
+assets for the embedded tiny model, the /docs and playground pages) inside the installed package."""
 import io
 import json
 import shutil
@@ -54,6 +54,11 @@ def test_wheel_installed_outside_the_repository_serves(tmp_path):
         assert rate == 24000 and len(audio) > 0
         status, _, health = request(server.url + "/health")
         assert status == 200 and json.loads(health) == {"status": "healthy"}
+        # the playground and the files it loads, from the package data
+        status, headers, page = request(server.url + "/")
+        assert status == 200 and headers["Content-Type"].startswith("text/html") and b"playground.js" in page
+        status, headers, script = request(server.url + "/playground/playground.js")
+        assert status == 200 and headers["Content-Type"].startswith("text/javascript") and b"import" in script
     finally:
         output = server.stop()
     assert " ready: serving " in output and str(REPO) not in output

@@ -284,6 +284,9 @@ def test_health_models_metrics(cv_server):
     assert status == 200 and json.loads(body) == {"status": "healthy"}
     status, _, body = request(cv_server.url + "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
+    for entry in json.loads(body)["data"]:  # what a request may ask of the checkpoint (the playground reads it)
+        assert entry["task_type"] == "CustomVoice"
+        assert entry["languages"][0] == "auto" and "english" in entry["languages"]
     status, _, body = request(cv_server.url + "/metrics")
     assert status == 200 and "omni_tts_requests_total" in body.decode()  # the families: test_metrics.py
 

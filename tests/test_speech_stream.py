@@ -2,6 +2,7 @@
 audio whatever the cuts and pauses, starts before the text ends, keeps concurrent sessions apart; sentence mode;
 bad messages end the session with nothing left in the stages."""
 import asyncio
+import base64
 import json
 import random
 import time
@@ -261,6 +262,30 @@ def test_bad_messages_end_the_session_cleanly(cv_server, name, before, message, 
     wait_until_stages_hold_nothing(cv_server)
 
 
+def subprotocols(key: str, *others: str) -> tuple[str, ...]:
+    """What a browser offers for the key (it cannot set Authorization on a WebSocket)."""
+    return ("omni-tts", "omni-tts.bearer." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("="), *others)
+
+
+async def key_as_subprotocol(server: ServerProcess, http: aiohttp.ClientSession) -> None:
+    """The key as a subprotocol opens a session, answered `omni-tts` (never the key); a wrong key, or the key
+    protocol offered alone, is refused; elsewhere than the stream route the subprotocol is no key."""
+    url = server.url + "/v1/audio/speech/stream"
+    async with http.ws_connect(url, protocols=subprotocols(KEY)) as ws:
+        assert ws.protocol == "omni-tts"
+        session = Session(ws)
+        await session.send({"type": "session.config", "voice": "ryan"})
+        await session.send({"type": "session.close"})
+        assert (await asyncio.wait_for(session.events.get(), 30))[1] is None  # closed by the server, no error
+    for protocols in (subprotocols("wrong-key"), subprotocols(KEY)[1:]):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, protocols=protocols)
+        assert refused.value.status == 401
+    async with http.get(server.url + "/v1/models",
+                        headers={"Sec-WebSocket-Protocol": ", ".join(subprotocols(KEY))}) as models:
+        assert models.status == 401
+
+
 def test_idle_sessions_admission_and_the_api_key():
     server = serve("tiny-custom-voice", "--max-queue", "1")
     try:
@@ -269,6 +294,7 @@ def test_idle_sessions_admission_and_the_api_key():
                 with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                     await http.ws_connect(server.url + "/v1/audio/speech/stream")
                 assert refused.value.status == 401
+                await key_as_subprotocol(server, http)
                 async with http.get(server.url + "/v1/audio/speech/stream", headers=AUTH) as plain:
                     assert plain.status == 400 and set((await plain.json())["error"]) == {
                         "message", "type", "param", "code"}  # documented: no upgrade, the error envelope

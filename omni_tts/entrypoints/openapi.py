@@ -4,7 +4,8 @@ The speech request and voice upload schemas are derived from `SpeechRequest` and
 document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is
 narrowed to the names the server answers to, which it enforces (404 otherwise). tests/test_openapi.py checks that
 every route of the app is documented, and tests/test_fuzz.py drives the server with inputs generated from this
-document. GET /docs renders it in the browser (static/docs.html, no outside host).
+document. GET /docs renders it in the browser (static/docs.html, no outside host); GET / is the playground
+(playground.py).
 """
 from __future__ import annotations
 
@@ -18,12 +19,20 @@ from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
+from omni_tts.entrypoints.playground import playground_asset_names
 from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage, ResponseFormat, SpeechRequest,
                                            VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
-# routes an API key does not guard: a health probe, and a static page (it asks the browser's user for the key)
-OPEN_PATHS = ("/health", "/docs")
+# routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
+# for the key); the routes as the router names them, so a path that merely looks like one of them stays guarded
+OPEN_PATHS = ("/health", "/docs", "/", "/playground/{name}")
+
+
+def is_open_route(request: web.Request) -> bool:
+    """Whether the route the request matched is one of OPEN_PATHS (not found: not open)."""
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical in OPEN_PATHS
 
 
 def _json(schema_name: str, description: str) -> dict:
@@ -67,7 +76,13 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                        "created": {"type": "integer"},
                                                        "owned_by": {"type": "string"},
                                                        "root": {"type": "string",
-                                                                "description": "the primary name"}}}}}}
+                                                                "description": "the primary name"},
+                                                       "task_type": {"enum": ["CustomVoice", "VoiceDesign", "Base"],
+                                                                     "description": "the checkpoint's task: the "
+                                                                                    "only task_type it takes"},
+                                                       "languages": {"type": "array", "items": {"type": "string"},
+                                                                     "description": "the language values it "
+                                                                                    "takes (auto: detect)"}}}}}}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
           "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
 _SPEECH_EVENT_DATA = {"oneOf": [
@@ -168,7 +183,10 @@ def _speech_stream_operation() -> dict:
             "server answers with JSON events (SpeechStreamServerEvent) and binary frames of audio in the configured "
             "format, between an utterance's audio.start and audio.done; an error event is followed by the close of "
             "the connection. split_granularity token (the default) speaks each utterance as one request whose text "
-            "grows as it arrives, with the audio of the whole text (streaming layout)."),
+            "grows as it arrives, with the audio of the whole text (streaming layout). With an API key, a client "
+            "that cannot set the Authorization header (a browser) may offer the subprotocols `omni-tts` and "
+            "`omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server answers "
+            "`omni-tts`."),
         "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
                         "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
         "responses": {
@@ -177,8 +195,8 @@ def _speech_stream_operation() -> dict:
 
 
 def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict:
-    """The document for an app answering to `model_names`; with `api_key_required` every route but /health and
-    /docs declares the bearer scheme and its 401."""
+    """The document for an app answering to `model_names`; with `api_key_required` every route but OPEN_PATHS
+    declares the bearer scheme and its 401."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
@@ -224,6 +242,20 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
         "/docs": {"get": {"operationId": "docs", "summary": "This document, rendered for a browser (no outside "
                                                             "host)", "security": [], "responses": {
             "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+        "/": {"get": {"operationId": "playground", "summary": "The playground: try the models, voices and streaming "
+                                                              "from a browser (no outside host)", "security": [],
+                      "responses": {"200": {"description": "HTML", "content": {"text/html": {
+                          "schema": {"type": "string"}}}}}}},
+        "/playground/{name}": {"get": {
+            "operationId": "playgroundFile", "summary": "A script, style sheet or icon of the playground",
+            "security": [],
+            "parameters": [{"name": "name", "in": "path", "required": True,
+                            "schema": {"enum": playground_asset_names()}}],
+            "responses": {"200": {"description": "the file", "content": {
+                              "text/javascript": {"schema": {"type": "string"}},
+                              "text/css": {"schema": {"type": "string"}},
+                              "image/svg+xml": {"schema": {"type": "string"}}}},
+                          "404": _error("no such file")}}},
     }
     document = {
         "openapi": "3.1.0",

@@ -2,9 +2,9 @@
 
 Routes: POST /v1/audio/speech, WS /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices,
 DELETE /v1/audio/voices/{name}, GET /v1/models, GET /health, GET /metrics, GET /version, GET /openapi.json and
-GET /docs (openapi.py). CPU work (tokenizer: single worker inside the engine; reference audio, encoding, base64: a
-small bounded pool) never runs on the loop. Each request gets an id (X-Request-Id, the engine's request id) and one
-access-log line (AccessLogger).
+GET /docs (openapi.py), GET / and GET /playground/{name} (playground.py). CPU work (tokenizer: single worker
+inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on the loop. Each request
+gets an id (X-Request-Id, the engine's request id) and one access-log line (AccessLogger).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 import numpy as np
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -33,13 +33,14 @@ from omni_tts.entrypoints.cors import Cors
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import (VOICE_IGNORED_HEADER, VoiceChoice, VoiceNames, accepted_model_names,
                                         unknown_uploaded_voice)
-from omni_tts.entrypoints.openapi import OPEN_PATHS, openapi_routes
+from omni_tts.entrypoints.openapi import is_open_route, openapi_routes
+from omni_tts.entrypoints.playground import playground_routes
 from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechOptions, SpeechRequest,
                                            VoiceUpload,
                                            decode_speech_request, decode_voice_upload)
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import (AsyncTTSEngine, GenerationChunk, RequestFailed, RequestTimedOut,
                                                StageDeadError)
@@ -47,6 +48,7 @@ from omni_tts.stages.protocol import StageStats
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
+TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TYPES.items()}
 
 
 @dataclass
@@ -59,7 +61,7 @@ class ServerConfig:
     allowed_local_media_path: str | None = None
     ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
     voices_quota_bytes: int = QUOTA_BYTES      # all uploaded clips together; beyond → 413
-    api_key: str | None = None                 # when set, every route but /health needs `Authorization: Bearer <key>`
+    api_key: str | None = None                 # when set, every route but openapi.OPEN_PATHS needs the key
     allowed_origins: tuple[str, ...] = ()      # CORS: browser origins that may call the API ("*": any)
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
@@ -573,10 +575,15 @@ async def delete_voice(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """One entry per name the server answers to, the primary first; `root` names the primary in each."""
-    names = request.app[STATE].config.model_names
+    """One entry per name the server answers to, the primary first; `root` names the primary in each, and
+    `task_type` and `languages` say what a request may ask of the checkpoint (the playground reads them)."""
+    state = request.app[STATE]
+    names = state.config.model_names
+    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.engine.config.tts_model_type],
+                  "languages": state.engine.prompts.languages}
     return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} for name in names]})
+        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
+        for name in names]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -600,19 +607,44 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
+SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
+# A browser's WebSocket cannot send headers, only subprotocols: on the stream route the key may come as the
+# subprotocol `omni-tts.bearer.<the key's UTF-8 in base64url, unpadded>`, offered beside `omni-tts`, the one the
+# server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap).
+WS_PROTOCOL = "omni-tts"
+WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
+
+
+def presented_api_key(request: web.Request) -> bytes | None:
+    """The key a request presents: `Authorization: Bearer <key>`, or on the WebSocket route the key subprotocol."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return given.strip().encode("utf-8", "surrogateescape")
+    if request.path != SPEECH_STREAM_PATH:
+        return None
+    offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]
+    for protocol in offered:
+        if protocol.startswith(WS_KEY_PROTOCOL_PREFIX) and WS_PROTOCOL in offered:
+            encoded = protocol[len(WS_KEY_PROTOCOL_PREFIX):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except ValueError:  # binascii.Error: not base64
+                return None
+    return None
+
+
 def api_key_middleware(api_key: str) -> Callable:
-    """401 (OpenAI envelope, code invalid_api_key) unless `Authorization: Bearer <api_key>`; OPEN_PATHS stay open
-    (/health for load balancers and supervisors, the /docs page for browsers, which cannot send the header on
-    navigation). Runs inside error_middleware, which renders the error."""
+    """401 (OpenAI envelope, code invalid_api_key) unless the request presents the key (`presented_api_key`);
+    OPEN_PATHS stay open (/health for load balancers and supervisors, the /docs and playground pages for browsers,
+    which cannot send the header on navigation). Runs inside error_middleware, which renders the error."""
     expected = api_key.encode("utf-8")
 
     @web.middleware
     async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if not is_open_route(request):
+            given = presented_api_key(request)
             # constant-time: the comparison must not tell how much of a guessed key was right
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    given.strip().encode("utf-8", "surrogateescape"), expected):
+            if given is None or not hmac.compare_digest(given, expected):
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
         return await handler(request)
@@ -647,7 +679,7 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
     app.on_response_prepare.append(cors.add_headers)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
-        web.get("/v1/audio/speech/stream", speech_stream),
+        web.get(SPEECH_STREAM_PATH, speech_stream),
         web.get("/v1/audio/voices", list_voices),
         web.post("/v1/audio/voices", upload_voice),
         web.delete("/v1/audio/voices/{name}", delete_voice),
@@ -656,5 +688,6 @@ def build_app(engine: AsyncTTSEngine, config: ServerConfig, owns_engine: bool = 
         web.get("/metrics", metrics),
         web.get("/version", version),
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
+        *playground_routes(),
     ])
     return app

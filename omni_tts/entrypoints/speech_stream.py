@@ -14,6 +14,8 @@ each sentence, clause or whole utterance, one after another (text_splitter.py). 
 HTTP one (--max-queue), with the same validation (the config is a SpeechOptions). Limits: session.config within
 10 s of the connection, no message more than --stream-idle-timeout seconds apart, session.config at most 4 MiB
 (it may carry ref_audio), other messages at most 128 KiB, and the text of one request at most 4096 characters.
+With --api-key, a browser (which cannot set headers on a WebSocket) may send the key as a subprotocol instead
+(server.presented_api_key).
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 
-from .server import (STATE, Admission, ServerState, build_synthesis_request, check_output, check_speech_request,
-                     encode_chunk, encode_whole, record_usage)
+from .server import (STATE, WS_PROTOCOL, Admission, ServerState, build_synthesis_request, check_output,
+                     check_speech_request, encode_chunk, encode_whole, record_usage)
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,9 @@ class SessionError(Exception):
 
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
-    ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES)  # beyond: aiohttp closes with 1009
+    # beyond max_msg_size aiohttp closes with 1009; WS_PROTOCOL is answered to a browser that sent its key as a
+    # subprotocol (server.presented_api_key)
+    ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES, protocols=(WS_PROTOCOL,))
     await ws.prepare(request)
     await SpeechSession(request.app[STATE], ws).run()
     return ws
