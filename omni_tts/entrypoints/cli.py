@@ -323,14 +323,18 @@ def _error(command: str, message: str) -> None:
     print(f"omni-tts {command}: error: {message}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="omni-tts", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_synthesize(sub)
     _add_make_tiny_model(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     configure_logging(getattr(logging, args.log_level.upper()))
     handlers = {"serve": _serve, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
     try:
