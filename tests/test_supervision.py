@@ -144,7 +144,8 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
             try:
                 await asyncio.sleep(0.2)  # code2wav releases what it has
                 forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
-                with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: codes in \[4096, 4096\]"):
+                with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk \d+ \(generated\): "
+                                   r"codes in \[4096, 4096\]"):
                     await asyncio.wait_for(victim_task, 5)
             finally:
                 os.kill(pids["talker"], signal.SIGCONT)

@@ -63,9 +63,12 @@ class Code2WavStage:
                     try:
                         self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
                     except ValueError as e:
-                        logger.error("request %s: chunk %d refused: %s", rid, chunk.seq, e)
+                        # which chunk and of what kind (reference codes or generated frames) says where to look
+                        where = f"chunk {chunk.seq} ({'reference context' if chunk.is_context else 'generated'})"
+                        logger.error("request %s: %s refused: %s: %s", rid, where, e, np.array(chunk.codes).tolist())
                         self._abort(rid)
-                        self.io.send(AudioChunk(rid, b"", True, error=f"code2wav cannot decode its codes: {e}"))
+                        error = f"code2wav cannot decode its codes: {where}: {e}"
+                        self.io.send(AudioChunk(rid, b"", True, error=error))
                 self.reader.release(chunk)
             if self.engine.has_work():
                 self._set_threads()
