@@ -93,6 +93,25 @@ def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
     assert (many > 0).all() and torch.isfinite(many).all()
 
 
+# seed 2124's talker draw at token 0 has all 24 noise bits set for vocab id 2518, a suppressed id (found by search):
+# the uniform rounded to 1.0 in float32, its noise was 0, and 0 / 0 = NaN won the argmax (the fuzz finding of issue 10)
+TOP_BITS_SEED, TOP_BITS_ID = 2124, 2518
+
+
+def test_noise_is_positive_where_all_its_bits_are_set():
+    noise = exponential_noise(torch.tensor([TOP_BITS_SEED]), torch.tensor([0]), 0, 3072)
+    assert (noise > 0).all() and torch.isfinite(noise).all()
+    assert noise[0, TOP_BITS_ID] == noise.min()   # the cell is still the smallest draw, not resampled
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_a_suppressed_id_is_never_sampled(top_k):
+    params = [resolve_sampling(SamplingParams(temperature=1.0, top_k=top_k, seed=TOP_BITS_SEED), GEN)]
+    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    ids = sampler.sample_talker(torch.randn(1, 3072, generator=torch.Generator().manual_seed(0)), slice(0, 1))
+    assert ids.item() < 2048 or ids.item() == 2150
+
+
 def test_token_limit_rule():
     assert token_limit(8192, 5) == 192
     assert token_limit(8192, 40) == 480

@@ -127,7 +127,9 @@ def exponential_noise(seeds: torch.Tensor, counters: torch.Tensor, stream: int, 
     key = _mix32((seeds & _MASK32) ^ key)
     ids = _mul32(torch.arange(vocab, device=seeds.device), 0x9E3779B9)
     bits = _mix32(key[:, None] ^ ids[None])
-    uniform = ((bits >> 8).float() + 0.5) * 2.0 ** -24   # 24 bits, in (0, 1)
+    # 24 bits, in (0, 1): float32 rounds the top value (2**24 - 0.5) / 2**24 up to 1.0, whose noise of 0 would make
+    # a masked id's 0 / 0 a NaN that wins the argmax (a suppressed c0 once every ~16k frames), so clamp below 1
+    uniform = (((bits >> 8).float() + 0.5) * 2.0 ** -24).clamp(max=1.0 - 2.0 ** -24)
     return -torch.log(uniform)
 
 
