@@ -6,7 +6,9 @@ from conftest import FIXTURES
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.models.qwen3_tts.sampling import BatchSampler, SamplingParams, exponential_noise, resolve_sampling, warp_and_sample
+from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
+                                                _sample_candidates, _sample_sorted, exponential_noise,
+                                                resolve_sampling, warp_and_sample)
 
 GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
        "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
@@ -60,7 +62,7 @@ def test_top_k_and_top_p_restrict_the_support():
     seen_k, seen_p = set(), set()
     for step in range(300):
         ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), seeds,
-                              torch.tensor([step, step]), 0, True)
+                              torch.tensor([step, step]), 0, ALL_PATHS)
         seen_k.add(ids[0].item())
         seen_p.add(ids[1].item())
     assert seen_k == {0, 1}
@@ -74,10 +76,39 @@ def test_temperature_zero_rows_are_greedy_in_a_mixed_batch():
 
     def draw(step):
         return warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), seeds,
-                               torch.tensor([step, step]), 0, True)
+                               torch.tensor([step, step]), 0, ALL_PATHS)
     assert {draw(step)[1].item() for step in range(200)} == {0, 1, 2}
     for step in range(20):
         assert draw(step)[0].item() == 1
+
+
+def test_a_small_top_k_samples_among_candidates_as_the_sorted_vocabulary_would():
+    """The candidate path (0 < top_k <= CANDIDATES) draws what the whole sorted vocabulary draws, top-p included."""
+    generator = torch.Generator().manual_seed(0)
+    for step in range(32):
+        scores = torch.randn(64, 3072, generator=generator) * 3
+        scores[:, 2048:] = float("-inf")   # suppressed ids, as the talker's are
+        top_k = torch.randint(1, CANDIDATES + 1, (64,), generator=generator)
+        top_p = torch.where(torch.rand(64, generator=generator) < 0.5, 1.0,
+                            torch.rand(64, generator=generator) * 0.9 + 0.05)
+        seeds, counters = torch.randint(0, 2 ** 62, (64,), generator=generator), torch.full((64,), step)
+        assert torch.equal(_sample_candidates(scores, top_k, top_p, seeds, counters, 0),
+                           _sample_sorted(scores, top_k, top_p, seeds, counters, 0))
+
+
+def test_a_rows_draw_does_not_depend_on_the_paths_its_batch_needs():
+    logits = torch.randn(4, 2048, generator=torch.Generator().manual_seed(1))
+    temperature, top_p = torch.tensor([0.9, 0.9, 0.0, 0.9]), torch.tensor([0.8, 1.0, 1.0, 1.0])
+    top_k, seeds, counters = torch.tensor([50, 0, 0, 500]), torch.arange(4), torch.full((4,), 7)
+    paths = SamplingPaths.of(temperature.tolist(), top_k.tolist())
+    assert paths == ALL_PATHS
+    batched = warp_and_sample(logits, temperature, top_k, top_p, seeds, counters, 3, paths)
+    for row in range(4):
+        one = slice(row, row + 1)
+        alone = SamplingPaths.of(temperature[one].tolist(), top_k[one].tolist())
+        assert alone != ALL_PATHS
+        assert warp_and_sample(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], counters[one], 3,
+                               alone).item() == batched[row].item()
 
 
 def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
