@@ -13,27 +13,30 @@ Replicas share the directory: a local disk for replicas on one host, a network f
 Consistency, and its cost. No replica trusts what it read before; each call reads the directory again:
 - `load` reads the voice's meta.json (one open and read of a few hundred bytes) and compares the bytes with those
   behind its cached record: the same bytes → the cached record and decoded samples; other bytes → parsed, the new
-  version; no file → the voice is gone. Reading rather than stat-ing costs a syscall more and buys exactness: the
-  bytes hold `created_at`, so they name the version exactly, where an mtime has the file system's timestamp
-  granularity and inode numbers are reused; and an open makes an NFS client revalidate with the server
-  (close-to-open), where a stat may answer from its attribute cache.
+  version; no file → the voice is gone. A load of a cached voice so takes about 12 µs (a local disk, this
+  project's 2-core VM). Reading rather than stat-ing costs a syscall more and buys exactness: the bytes hold
+  `created_at`, so they name the version exactly, where an mtime has the file system's timestamp granularity and
+  inode numbers are reused; and an open makes an NFS client revalidate with the server (close-to-open), where a
+  stat may answer from its attribute cache.
 - `in` is one stat of the voice's meta.json (it runs on the event loop, before admission); a hint only: `load`
   decides, and a voice deleted in between is answered as unknown, as it would have been a moment later.
 - `list` (and `len`) read every voice's meta.json and parse the changed ones: N small reads, no TTL, so a listing
   is never stale (about 12 µs a voice on a local disk: 12 ms for 1000). Blocking.
-- `add` and `delete` take an exclusive `flock` on `.lock` — one writer at a time across all replicas; uploads are
-  rare and already spend longer decoding the clip — and, under it, read every voice afresh: the voice limit and the
-  quota count every replica's voices exactly, not best effort. `created_at` is max(now, `.created_at` + 1, the
-  newest voice + 1), written to `.created_at` before the voice's meta.json; in a burst (several uploads a second)
-  or after a clock step back it runs a few seconds ahead of the clock, as vllm-omni's does.
+- `add` and `delete` take an exclusive `flock` on `.lock` — one writer at a time across all replicas, held while
+  every voice is read afresh and the clip and meta.json are written and synced (an upload of a 3 s clip beside 200
+  voices: 6 ms, decoding included); uploads are rare — so the voice limit and the quota count every replica's
+  voices exactly, not best effort. `created_at` is max(now, `.created_at` + 1, the newest voice + 1), written to
+  `.created_at` before the voice's meta.json; in a burst (several uploads a second) or after a clock step back it
+  runs a few seconds ahead of the clock, as vllm-omni's does.
 On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
 directory attribute-cache time (acdirmax, 60 s), and until then a voice uploaded through another host is unknown.
 
 Clips: a replaced or deleted clip is removed by its writer at once, or, when a `load` in the writer's process is
-reading it, as soon as that read ends (touched meanwhile, so other replicas' sweeps leave it alone). A `load` whose
-clip vanished (another replica replaced or deleted the voice between its meta.json read and the clip's) reads
-meta.json again and takes the version now current, or answers None when the voice is gone: a request gets one
-version whole, the one current when it looked or a later one. The clips of all live voices together stay within
+reading it, as soon as that read ends (touched meanwhile, so other replicas' sweeps leave it alone). Another
+replica's load that has the clip open reads on (a local disk keeps an unlinked file while it is open); one whose
+clip vanished first (between its meta.json read and the clip's open, or mid-read on NFS) reads meta.json again and
+takes the version now current, or answers None when the voice is gone: a request gets one version whole, the one
+current when it looked or a later one. The clips of all live voices together stay within
 `quota_bytes`, plus clips still being read. Leftovers — temp files and clips no meta.json names, from a crash or a
 read that outlived its voice — are swept under the lock at start-up and in a voice's folder at each write of it,
 once older than `ORPHAN_GRACE_S`: a younger one may be another replica's clip still being read, and is left for a
