@@ -51,6 +51,20 @@ def assert_pcm_close(pcm_bytes, expected):
     assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= 1
 
 
+def upload_voice(server, name, clip, **fields) -> dict:
+    """POST /v1/audio/voices as a hand-made multipart form (the SDK has no ref_text); the stored voice."""
+    boundary = "omnittsboundary"
+    parts = [(k.encode(), v.encode()) for k, v in dict(fields, name=name).items()]
+    body = b"".join(b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + k + b'"\r\n\r\n' + v + b"\r\n"
+                    for k, v in parts)
+    body += (b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="audio_sample"; filename="v.wav"'
+             b"\r\nContent-Type: audio/wav\r\n\r\n" + clip + b"\r\n--" + boundary.encode() + b"--\r\n")
+    status, _, answer = request(server.url + "/v1/audio/voices", data=body,
+                                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200, answer[:300]
+    return json.loads(answer)["voice"]
+
+
 def parse_sse(body):
     events = []
     for block in body.decode().split("\n\n"):
@@ -217,15 +231,7 @@ def test_voice_clone_by_ref_audio_and_uploaded_voice(base_server):
     assert status == 200
     assert_pcm_close(body, expected)
     # upload the clip as a voice, then use it by name
-    boundary = "omnittsboundary"
-    parts = [(b'name', b"fox"), (b'ref_text', REF_TEXT.encode()), (b'consent', b"yes")]
-    body = b"".join(b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + k + b'"\r\n\r\n' + v + b"\r\n"
-                    for k, v in parts)
-    body += (b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="audio_sample"; filename="fox.wav"'
-             b"\r\nContent-Type: audio/wav\r\n\r\n" + REF_WAV.read_bytes() + b"\r\n--" + boundary.encode() + b"--\r\n")
-    status, _, answer = request(base_server.url + "/v1/audio/voices", data=body,
-                                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    assert status == 200 and json.loads(answer)["voice"]["name"] == "fox"
+    assert upload_voice(base_server, "fox", REF_WAV.read_bytes(), ref_text=REF_TEXT, consent="yes")["name"] == "fox"
     status, _, listing = request(base_server.url + "/v1/audio/voices")
     assert "fox" in json.loads(listing)["voices"]
     status, _, pcm = request(base_server.url + "/v1/audio/speech", dict(payload, voice="fox"))
@@ -234,6 +240,48 @@ def test_voice_clone_by_ref_audio_and_uploaded_voice(base_server):
     assert request(base_server.url + "/v1/audio/voices/fox", method="DELETE")[0] == 200
     status, _, error = request(base_server.url + "/v1/audio/speech", dict(payload, voice="fox"))
     assert status == 400 and "unknown voice 'fox'" in json.loads(error)["error"]["message"]
+
+
+def test_replicas_on_one_voices_dir_share_uploads_replacements_and_deletes(base_server):
+    """A second server on base_server's --voices-dir, as a replica behind a balancer: what is uploaded, replaced or
+    deleted through one is used, updated or gone on the other at its next request, and speaks the same (greedy)."""
+    other = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                          str(base_server.voices_dir))
+    payload = dict(GREEDY, model=MODEL, input="Clone me.", language="english", response_format="pcm",
+                   voice="shared-fox")
+
+    def speak(server):
+        status, _, pcm = request(server.url + "/v1/audio/speech", payload)
+        assert status == 200, pcm[:300]
+        return np.frombuffer(pcm, dtype="<i2")
+
+    def listed(server):
+        return {v["name"]: v["created_at"] for v in json.loads(request(server.url + "/v1/audio/voices")[2])["data"]}
+
+    try:
+        first = upload_voice(base_server, "Shared-Fox", REF_WAV.read_bytes(), ref_text=REF_TEXT)
+        assert listed(other)["Shared-Fox"] == first["created_at"]
+        spoken = speak(base_server)
+        assert_pcm_close(speak(other).tobytes(), spoken)
+        # replaced through the first: the other speaks the new version (another clip, no transcript), not its cache
+        second = upload_voice(base_server, "shared-fox", (FIXTURES / "ref_voice_22k.wav").read_bytes())
+        assert listed(other)["shared-fox"] == second["created_at"] > first["created_at"]
+        respoken = speak(other)
+        assert respoken.shape != spoken.shape or np.abs(respoken.astype(int) - spoken).max() > 1
+        assert_pcm_close(respoken.tobytes(), speak(base_server))
+        # deleted through the first: gone on the other
+        assert request(base_server.url + "/v1/audio/voices/shared-fox", method="DELETE")[0] == 200
+        status, _, error = request(other.url + "/v1/audio/speech", payload)
+        assert status == 400 and "unknown voice 'shared-fox'" in json.loads(error)["error"]["message"]
+        assert request(other.url + "/v1/audio/voices/shared-fox", method="DELETE")[0] == 404
+        assert "shared-fox" not in listed(other) and "Shared-Fox" not in listed(other)
+        # and the other way round
+        owl = upload_voice(other, "shared-owl", REF_WAV.read_bytes())
+        assert listed(base_server)["shared-owl"] == owl["created_at"] > second["created_at"]
+        assert request(base_server.url + "/v1/audio/voices/shared-owl", method="DELETE")[0] == 200
+        assert "shared-owl" not in listed(other) and not (base_server.voices_dir / "shared-owl").exists()
+    finally:
+        other.stop()
 
 
 def test_openai_sdk_voices_create_list_use_delete(base_server):

@@ -11,6 +11,7 @@ import struct
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ from server_util import free_port
 import omni_tts.audio.ref_audio as ref_audio_module
 from omni_tts.audio.ref_audio import (URL_FAILED, RefAudioError, RemoteAudioFetcher, UrlPolicy, decode_reference,
                                       fetch_ref_audio)
-from omni_tts.entrypoints.voices import MAX_REF_TEXT_CHARS, VoiceError, VoiceRecord, VoiceStore
+from omni_tts.entrypoints.voices import (CLOCK_FILE, LOCK_FILE, MAX_REF_TEXT_CHARS, ORPHAN_GRACE_S, VoiceError,
+                                        VoiceRecord, VoiceStore, validate_name)
 from omni_tts.models.qwen3_tts.audio import load_audio, resampled_length
 
 FAILED = re.escape(URL_FAILED)
@@ -355,7 +357,18 @@ def record_of(store: VoiceStore, name: str) -> VoiceRecord | None:
 
 
 def files_under(path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+    """The voices under a store's root, folders included (an empty folder is a leftover too), less the store's own
+    bookkeeping (its lock and created_at high-water mark)."""
+    return sorted(str(p.relative_to(path)) for p in Path(path).rglob("*")
+                  if not (p.parent == Path(path) and p.name in (LOCK_FILE, CLOCK_FILE)) and not
+                  (p.is_dir() and any(p.iterdir())))
+
+
+def age(*paths) -> None:
+    """Make files look older than the sweep's grace period, as a crash's leftovers are by the next start."""
+    old = time.time() - ORPHAN_GRACE_S - 5
+    for path in paths:
+        os.utime(path, (old, old))
 
 
 def test_voice_store_lifecycle(tmp_path):
@@ -411,6 +424,7 @@ def test_persistence_and_corrupt_entries(tmp_path, caplog):
     (root / "mismatch" / "meta.json").write_text((root / "bee" / "meta.json").read_text())
     (root / "bee" / ".tmp-leftover").write_bytes(b"partial")
     (root / "bee" / "clip-0-dead.wav").write_bytes(CLIP)  # a replaced version a crash left behind
+    age(root / "bee" / ".tmp-leftover", root / "bee" / "clip-0-dead.wav")
     (root / "stray.txt").write_text("not a voice")
     with caplog.at_level(logging.WARNING, logger="omni_tts.entrypoints.voices"):
         restored = VoiceStore(str(root))
@@ -448,7 +462,7 @@ def test_replaced_and_deleted_clips_leave_the_disk_at_once(tmp_path):
         store.add("big", CLIP if i % 2 else CLIP_22K, None, None)
     record = record_of(store, "big")
     assert files_under(root) == [f"big/{os.path.basename(record.path)}", "big/meta.json"]
-    assert store.delete("big") and files_under(root) == [] and os.listdir(root) == []
+    assert store.delete("big") and files_under(root) == []
     assert VoiceStore(str(root)).list() == []
 
 
@@ -468,18 +482,18 @@ def test_a_clip_being_read_outlives_its_replacement_until_the_read_ends(tmp_path
         cold._pins[new.path] += 1
     assert cold.delete("v") and os.path.exists(new.path)
     cold._unpin(new.path)
-    assert os.listdir(cold.root) == []       # the clip and its folder
+    assert files_under(cold.root) == []      # the clip and its folder
 
 
 @pytest.mark.parametrize("name", ["a", "A-b_c.d", "-x", "_", "x" * 64, "v1.2"])
 def test_valid_names(name):
-    assert VoiceStore.validate_name(name) == name
+    assert validate_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", ".hidden", "..", "a/b", "a\\b", "a\0b", "a b", "é", "abc\n", "x" * 65, None])
 def test_invalid_names(tmp_path, name):
     with pytest.raises(ValueError, match="voice name") as error:
-        VoiceStore.validate_name(name)
+        validate_name(name)
     assert error.value.status == 400 and error.value.param == "name"
     store = make_store(tmp_path)
     with pytest.raises(VoiceError, match="voice name"):
@@ -501,7 +515,7 @@ def test_voice_store_rejects(tmp_path, audio, ref_text, status, param, message):
     with pytest.raises(VoiceError, match=message) as error:
         store.add("ok", audio, ref_text, None)
     assert (error.value.status, error.value.param) == (status, param) and store.list() == []
-    assert os.listdir(store.root) == []
+    assert files_under(store.root) == []
     assert store.add("ok", CLIP, "y" * MAX_REF_TEXT_CHARS, None).ref_text == "y" * MAX_REF_TEXT_CHARS
 
 

@@ -114,7 +114,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
                                            "OpenAI voice name (default: such requests are refused)")
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
-    p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices)")
+    p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices); "
+                        "replicas given the same directory share them")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")

@@ -38,7 +38,7 @@ from omni_tts.entrypoints.playground import playground_routes
 from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, SpeechOptions, SpeechRequest,
                                            VoiceUpload,
                                            decode_speech_request, decode_voice_upload)
-from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore
+from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -125,8 +125,9 @@ class ServerState:
         self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
-        self.voices = (VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir
-                       else None)
+        # another VoiceStoreBackend (voice_backend.py: an object store) would be built here
+        self.voices: VoiceStoreBackend | None = (
+            VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
         self._stage_stats: asyncio.Task | None = None
@@ -483,7 +484,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
 
 
 # --- voices, models, health, metrics -------------------------------------------------------------------------
-def _voices_or_404(state: ServerState) -> VoiceStore:
+def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
     if state.voices is None:
         raise ApiError(404, "voice uploads are disabled (start the server with --voices-dir)")
     return state.voices
@@ -493,7 +494,7 @@ async def list_voices(request: web.Request) -> web.Response:
     """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
     (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
     state = request.app[STATE]
-    uploaded = [v.to_json() for v in state.voices.list()] if state.voices else []
+    uploaded = [v.to_json() for v in await state.run(state.voices.list)] if state.voices else []
     body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
             "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
     if state.voice_names.openai:
@@ -567,7 +568,10 @@ async def delete_voice(request: web.Request) -> web.Response:
     """The `openai` SDK's `VoiceDeleted` (id, object, deleted) and vllm-omni's answer (success, message)."""
     store = _voices_or_404(request.app[STATE])
     name = request.match_info["name"]
-    record = await request.app[STATE].run(store.delete, name)
+    try:
+        record = await request.app[STATE].run(store.delete, name)
+    except VoiceError as e:
+        raise ApiError(e.status, str(e), e.param) from None
     if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,

@@ -1,0 +1,189 @@
+"""The voice store interface: what the server asks of the store that keeps uploaded voices (Base voice cloning),
+whatever keeps them. `VoiceStore` (voices.py), a directory every replica shares, is the default implementation.
+
+The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `list`, `in`, `add`, `delete`,
+`load` and `max_bytes`. An implementation owes every replica this contract:
+- every call sees the store as it is when the call starts, whichever replica wrote it: a voice uploaded, replaced
+  or deleted through one replica is usable, updated or gone on every other on its next request; a `load` never
+  returns a version that was replaced or deleted before the load began, and returns one version whole;
+- a write is atomic and versioned: readers see the old version or the new one, whole; two writers of one name
+  leave one of their versions, whole, and nothing of the other;
+- `created_at` (integer unix seconds, as OpenAI's and vllm-omni's voice objects have it) increases strictly across
+  the whole store, every replica's uploads together, so `(name, created_at)` — `VoiceRecord.version_key` — names
+  one version for any cache (each replica's talker caches a voice's features under it);
+- names follow `validate_name` and are case-insensitive ("Fox" and "fox" are one voice; `voice_key` folds them),
+  uploads pass `check_upload` (the same rules whatever keeps them), and refusals raise `VoiceError` with the
+  statuses below;
+- `__contains__` is called on the event loop and must be cheap; every other method may block and is called in an
+  executor.
+Another store (an object store such as S3) plugs in by implementing the protocol and being constructed where
+`ServerState` (server.py) builds the directory store. On an object store the version swap is a conditional put of
+the voice's metadata object (If-Match on the ETag read, If-None-Match for a new name), `load` revalidates a cached
+voice against that ETag, and `created_at` comes from a counter object advanced the same way.
+
+Names: 1–64 characters of `[A-Za-z0-9_.-]`, not starting with `.`. A name is stored and listed as given.
+
+Uploads are untrusted: the container is sniffed from the bytes (libsndfile), never taken from the client's file
+name or MIME type, and only wav, flac, ogg/opus and mp3 are kept; `ref_text` is at most `MAX_REF_TEXT_CHARS`
+characters, refused at upload rather than failing every later use.
+
+Status codes (`VoiceError.status`): 400 bad name / ref_text too long / empty / undecodable / duration outside
+1–30 s, 413 larger than `max_bytes` or the store's quota, 415 audio in a container outside the allow-list, 409 voice
+limit reached, 500 a clip that cannot be stored, deleted or read back (the detail goes to the log).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, RefAudioError, decode_reference
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+_NAME_RULE = "voice name must be 1–64 characters of letters, digits, '_', '.' or '-', not starting with '.'"
+# libsndfile container → (file extension, canonical MIME type); anything else is refused with 415
+_CONTAINERS = {"WAV": (".wav", "audio/wav"), "WAVEX": (".wav", "audio/wav"), "RF64": (".wav", "audio/wav"),
+               "FLAC": (".flac", "audio/flac"), "OGG": (".ogg", "audio/ogg"), "MP3": (".mp3", "audio/mpeg")}
+# a transcript of a clip of at most 30 s is a few hundred characters in any language; the talker's limit in tokens
+# is checked where the prompt is tokenized
+MAX_REF_TEXT_CHARS = 1024
+MAX_CONSENT_CHARS = 1024
+
+
+class VoiceError(ValueError):
+    """A refused voice operation; `status` is the HTTP status, `param` the request field to blame."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = "audio_sample") -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+@dataclass(frozen=True)
+class VoiceRecord:
+    """An immutable snapshot of one version of an uploaded voice."""
+    name: str                # as uploaded (lookup is case-insensitive)
+    ref_text: str | None     # transcript of the clip; None → x-vector-only cloning
+    created_at: int          # unix seconds, strictly increasing across the store: the voice's version
+    file_size: int           # bytes of the clip as uploaded
+    mime_type: str           # canonical type of the decoded container (audio/wav, audio/flac, audio/ogg, audio/mpeg)
+    duration_s: float        # clip duration
+    consent: str | None      # as given by the uploader
+    sample_rate: int         # sample rate of the clip as uploaded (load() gives 24 kHz)
+    path: str                # where the store keeps the clip (a file for VoiceStore, an object key elsewhere)
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+    @property
+    def version_key(self) -> str:
+        """Names this version's clip for caches of what is derived from it (the talker's voice features)."""
+        return f"{self.key}@{self.created_at!r}"
+
+    def to_json(self) -> dict:
+        """The API view: the `openai` SDK's `Voice` (id, object, type, name, created_at) and vllm-omni's uploaded
+        voice (name, created_at, ref_text, consent, file_size, mime_type), plus duration_s. The id is the name:
+        what DELETE /v1/audio/voices/{id} and a speech request's `voice` take."""
+        return {"id": self.name, "object": "audio.voice", "type": "audio_sample", "name": self.name,
+                "created_at": self.created_at, "ref_text": self.ref_text, "consent": self.consent,
+                "file_size": self.file_size, "mime_type": self.mime_type, "duration_s": self.duration_s}
+
+
+@runtime_checkable
+class VoiceStoreBackend(Protocol):
+    """What the server asks of a voice store; the contract every implementation owes is the module docstring's
+    "Interface". Every method but `__contains__` may block: the server calls them in an executor."""
+
+    max_bytes: int  # the largest clip `add` takes: the server stops reading an upload's body past it
+
+    def list(self) -> list[VoiceRecord]:
+        """Every voice in the store now, sorted by name case-insensitively."""
+        ...
+
+    def __contains__(self, name: object) -> bool:
+        """Whether a voice is called `name` (case-insensitive) now. Called on the event loop, so it must be cheap;
+        a hint only: `load` decides."""
+        ...
+
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
+        """Check (`check_upload`) and store a clip as a new version of the voice `name`, replacing any voice of
+        that name (case-insensitive); `VoiceError` when refused."""
+        ...
+
+    def delete(self, name: str) -> VoiceRecord | None:
+        """Remove the voice called `name` (case-insensitive); the removed version, None when there is none."""
+        ...
+
+    def load(self, name: str) -> tuple[VoiceRecord, np.ndarray] | None:
+        """The voice's current version and its 24 kHz float32 samples (read-only), or None when there is none;
+        `VoiceError` 500 when its clip cannot be read."""
+        ...
+
+
+@dataclass(frozen=True)
+class CheckedUpload:
+    """An upload that passed every check, ready for a store to keep."""
+    name: str
+    audio: bytes             # the clip exactly as uploaded
+    ref_text: str | None     # stripped; None when blank
+    consent: str | None
+    samples: np.ndarray      # 24 kHz mono float32, read-only
+    sample_rate: int         # of the clip as uploaded
+    duration_s: float
+    container: str           # libsndfile's format and subtype
+    subtype: str
+
+    @property
+    def extension(self) -> str:
+        return _CONTAINERS[self.container][0]
+
+    @property
+    def mime_type(self) -> str:
+        return _CONTAINERS[self.container][1]
+
+
+def validate_name(name: str) -> str:
+    """The name unchanged if valid; `VoiceError` (a ValueError, status 400, param 'name') otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise VoiceError(_NAME_RULE, 400, "name")
+    return name
+
+
+def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None, *, max_bytes: int,
+                 min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> CheckedUpload:
+    """Every check an upload passes before any store keeps it; `VoiceError` with the status to answer. Blocking
+    (decodes the clip)."""
+    validate_name(name)
+    audio_bytes = bytes(audio_bytes)
+    if len(audio_bytes) > max_bytes:
+        raise VoiceError(f"audio_sample is larger than the {max_bytes}-byte limit ({max_bytes / 2**20:g} MiB)", 413)
+    if not audio_bytes:
+        raise VoiceError("audio_sample is empty (0 bytes)")
+    if ref_text is not None:
+        if not isinstance(ref_text, str):
+            raise VoiceError("ref_text must be a string", 400, "ref_text")
+        ref_text = ref_text.strip() or None
+        if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
+            raise VoiceError(f"ref_text is longer than {MAX_REF_TEXT_CHARS} characters", 400, "ref_text")
+    if consent is not None and not isinstance(consent, str):
+        raise VoiceError("consent must be a string", 400, "consent")
+    if consent is not None and len(consent) > MAX_CONSENT_CHARS:
+        raise VoiceError(f"consent is longer than {MAX_CONSENT_CHARS} characters", 400, "consent")
+    try:
+        clip = decode_reference(audio_bytes, min_seconds=min_seconds, max_seconds=max_seconds, label="audio_sample")
+    except RefAudioError as e:
+        raise VoiceError(str(e), e.status) from None
+    if clip.format not in _CONTAINERS:
+        raise VoiceError(f"audio_sample is {clip.format} audio; upload wav, flac, ogg or mp3", 415)
+    clip.samples.flags.writeable = False
+    return CheckedUpload(name=name, audio=audio_bytes, ref_text=ref_text, consent=consent, samples=clip.samples,
+                         sample_rate=clip.source_rate, duration_s=round(clip.duration_s, 3), container=clip.format,
+                         subtype=clip.subtype)
+
+
+def voice_key(name: object) -> str | None:
+    """What a voice name is looked up by (case-folded), or None for anything that is not a valid name: a store
+    touches nothing for those."""
+    return name.lower() if isinstance(name, str) and _NAME.fullmatch(name) else None

@@ -1,0 +1,163 @@
+"""Replicas sharing one voices dir (voices.py): each replica is a VoiceStore of its own on the same directory —
+in this process, where its lock and index are still its own, or in real processes racing each other. The HTTP
+side (two servers on one dir) is in test_server.py, beside the server it reuses."""
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omni_tts.entrypoints import voices as voices_module
+from omni_tts.entrypoints.voices import CLOCK_FILE, LOCK_FILE, VoiceError, VoiceStore, VoiceStoreBackend
+from omni_tts.models.qwen3_tts.audio import resampled_length
+from test_voices import CLIP, CLIP_22K, CLIP_WAV, N_22K, age, files_under
+
+LENGTHS = {24000: len(CLIP_WAV), 22050: resampled_length(N_22K, 22050)}  # samples of each clip at 24 kHz
+
+
+def replicas(tmp_path, n=2, **kw) -> list[VoiceStore]:
+    return [VoiceStore(str(tmp_path / "voices"), **kw) for _ in range(n)]
+
+
+def test_a_replica_sees_the_others_uploads_replacements_and_deletes(tmp_path):
+    a, b = replicas(tmp_path)
+    assert isinstance(a, VoiceStoreBackend)
+    first = a.add("Fox", CLIP, "The fox.", "yes")
+    assert "fox" in b and [v.to_json() for v in b.list()] == [first.to_json()] and len(b) == 1
+    record, samples = b.load("FOX")
+    assert record == first
+    np.testing.assert_array_equal(samples, CLIP_WAV)
+    assert b.load("fox")[1] is samples  # unchanged meta.json: b's cached samples
+    second = a.add("fox", CLIP_22K, None, None)
+    record, samples = b.load("fox")
+    assert record == second and record.created_at > first.created_at and samples.shape[0] == LENGTHS[22050]
+    assert b.cache_info()["entries"] == 1  # the replaced version left b's cache
+    assert a.delete("fox") == second
+    assert "fox" not in b and b.load("fox") is None and b.list() == [] and len(b) == 0
+    assert b.delete("fox") is None and b.cache_info()["entries"] == 0
+    # and the other way round: b's upload over a name a knows
+    a.add("owl", CLIP, None, None)
+    a.load("owl")
+    owl = b.add("OWL", CLIP_22K, "hoot", None)
+    assert a.load("owl")[0] == owl and [v.name for v in a.list()] == ["OWL"]
+    assert files_under(tmp_path / "voices") == [f"owl/{os.path.basename(owl.path)}", "owl/meta.json"]
+
+
+def test_created_at_is_strictly_increasing_across_replicas_and_deletes(tmp_path, monkeypatch):
+    """With the clock stopped, every upload through any replica still gets a later created_at — also one of a name
+    deleted before, through a replica that never saw it: (name, created_at) is never reused for another clip."""
+    clock = types.SimpleNamespace(time=lambda: 1_900_000_000.5, time_ns=time.time_ns)
+    monkeypatch.setattr(voices_module, "time", clock)
+    a, b = replicas(tmp_path)
+    stamps = [a.add("v", CLIP, None, None).created_at, b.add("w", CLIP, None, None).created_at,
+              a.add("w", CLIP, None, None).created_at]
+    assert a.delete("v") and a.delete("w") and a.list() == []
+    fresh = VoiceStore(a.root)  # restarted: no voice on disk tells it what came before
+    stamps.append(fresh.add("v", CLIP, None, None).created_at)
+    stamps.append(b.add("v", CLIP, None, None).created_at)
+    assert stamps == list(range(1_900_000_000, 1_900_000_005))
+    assert (tmp_path / "voices" / CLOCK_FILE).read_text() == "1900000004"
+
+
+def test_limits_and_quota_count_every_replicas_voices(tmp_path):
+    a, b = replicas(tmp_path, max_voices=3, quota_bytes=2 * len(CLIP) + 10)
+    a.add("one", CLIP, None, None)
+    b.add("two", CLIP, None, None)
+    with pytest.raises(VoiceError, match="voice store is full") as error:
+        a.add("three", CLIP_22K, None, None)
+    assert error.value.status == 413
+    b.add("ONE", CLIP, None, None)  # a replacement counts in place of the clip it replaces, whoever stored it
+    assert a.delete("two") and b.add("three", CLIP, None, None)
+    c, d = replicas(tmp_path / "limit", max_voices=2)
+    c.add("x", CLIP, None, None)
+    d.add("y", CLIP, None, None)
+    with pytest.raises(VoiceError, match="voice limit reached") as error:
+        c.add("z", CLIP, None, None)
+    assert error.value.status == 409
+
+
+@pytest.mark.parametrize("elsewhere", ["replace", "delete"])
+def test_a_load_whose_clip_vanishes_looks_again(tmp_path, elsewhere):
+    """Another replica replaces or deletes the voice between this load's meta.json read and its clip read: the load
+    reads the version now current, or answers None — never an error, never a mix."""
+    a, b = replicas(tmp_path)
+    old = a.add("v", CLIP, None, None)
+    looked_up = b._current
+
+    def racing(key):
+        record = looked_up(key)
+        if record is not None and record.created_at == old.created_at:
+            a.add("v", CLIP_22K, None, None) if elsewhere == "replace" else a.delete("v")
+        return record
+
+    b._current = racing
+    loaded = b.load("v")
+    if elsewhere == "delete":
+        assert loaded is None
+    else:
+        record, samples = loaded
+        assert record.created_at > old.created_at and samples.shape[0] == LENGTHS[22050]
+    assert not os.path.exists(old.path)
+
+
+def test_a_restarting_replica_leaves_young_files_and_clips_being_read(tmp_path):
+    root = tmp_path / "voices"
+    a, = replicas(tmp_path, n=1)
+    voice = a.add("v", CLIP, None, None)
+    age(voice.path)  # an old upload...
+    with a._lock:    # ...that a load in replica a is reading when a deletes it
+        a._pins[voice.path] += 1
+    assert a.delete("v") and os.path.exists(voice.path)
+    folder = root / "w"
+    folder.mkdir()
+    young = [folder / ".tmp-upload-in-flight", folder / "clip-1-00000000.wav", root / ".tmp-clock-in-flight"]
+    old = [folder / ".tmp-crashed", folder / "clip-2-00000000.wav", root / ".tmp-clock-crashed"]
+    for path in young + old:
+        path.write_bytes(CLIP)
+    age(*old)
+    VoiceStore(str(root))  # another replica (re)starts: its sweep runs
+    assert os.path.exists(voice.path) and all(p.exists() for p in young) and not any(p.exists() for p in old)
+    a._unpin(voice.path)  # the read ends
+    assert not os.path.exists(voice.path)
+    age(*young)
+    VoiceStore(str(root))
+    assert files_under(root) == []
+
+
+def test_replicas_in_real_processes_race_on_the_same_names(tmp_path):
+    """Two processes upload, replace, delete, load and restart on the same three names at once. Afterwards the
+    directory holds exactly whole voices — one meta.json and the one clip it names, per folder — and nothing else;
+    every created_at was handed out once; every load got a record and the samples of that record's clip; each
+    surviving voice is the newest upload of its name."""
+    root, go = tmp_path / "voices", tmp_path / "go"
+    VoiceStore(str(root))
+    worker = Path(__file__).parent / "voice_race.py"
+    procs = [subprocess.Popen([sys.executable, str(worker), str(root), str(go), str(seed), "60"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for seed in (1, 2)]
+    time.sleep(0.5)  # both importing; whichever is ready first waits for go
+    go.touch()
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        results.append(json.loads(out))
+    assert [r["errors"] for r in results] == [[], []]
+    adds = [tuple(a) for r in results for a in r["adds"]]
+    assert len(adds) > 20 and len({created for _, created in adds}) == len(adds)
+    for key, created, rate, length in (tuple(x) for r in results for x in r["loads"]):
+        assert (key, created) in adds and LENGTHS[rate] == length
+    after = VoiceStore(str(root))
+    survivors = after.list()
+    for voice in survivors:
+        assert voice.created_at == max(created for key, created in adds if key == voice.key)
+    expected = sorted(f"{v.key}/{name}" for v in survivors for name in (os.path.basename(v.path), "meta.json"))
+    assert files_under(root) == expected
+    for voice in survivors:
+        assert os.path.getsize(voice.path) == voice.file_size
+        assert after.load(voice.name)[1].shape[0] == LENGTHS[voice.sample_rate]
+    assert sorted(os.listdir(root)) == sorted([LOCK_FILE, CLOCK_FILE] + [v.key for v in survivors])
