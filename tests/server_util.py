@@ -38,17 +38,17 @@ class ServerProcess:
     output(): a pipe nobody reads would fill with the access log and stall the server."""
 
     def __init__(self, *args: str, env: dict[str, str | None] | None = None, command: list[str] | None = None,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, subcommand: str = "serve", startup_timeout: float = 120) -> None:
         """env: variables to set, or to remove (None); command: what runs `serve` (default: this interpreter's
-        `-m omni_tts.entrypoints.cli`)."""
+        `-m omni_tts.entrypoints.cli`); subcommand: `serve-ray` for that one."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [*(command or [sys.executable, "-m", "omni_tts.entrypoints.cli"]), "serve", "--port", str(self.port),
+        cmd = [*(command or [sys.executable, "-m", "omni_tts.entrypoints.cli"]), subcommand, "--port", str(self.port),
                *args]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=environment(env or {}),
                                      cwd=cwd)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.output()}")
@@ -58,7 +58,7 @@ class ServerProcess:
                         return
             except OSError:
                 time.sleep(0.2)
-        raise RuntimeError(f"server did not become healthy in 120 s: {self.stop()}")
+        raise RuntimeError(f"server did not become healthy in {startup_timeout:g} s: {self.stop()}")
 
     def output(self) -> str:
         """Everything the server wrote so far."""

@@ -26,10 +26,11 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, status: int, message: str) -> None:
+def assert_one_line_error(result: subprocess.CompletedProcess, status: int, message: str,
+                          command: str = "serve") -> None:
     """Exit `status`; stderr is nothing but `omni-tts serve: error: …` containing `message` (no log, no traceback)."""
     assert result.returncode == status, (result.returncode, result.stderr)
-    assert result.stderr.startswith("omni-tts serve: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"omni-tts {command}: error: ") and result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr, result.stderr
     assert result.stdout == ""
 
@@ -43,6 +44,8 @@ def test_version():
 @pytest.mark.parametrize("command,defaults", [
     ("serve", ["--port PORT", "(default: 8000)", "(default: 127.0.0.1)", "(default: 256)", "(default: info)",
                "(default: $OMNI_TTS_API_KEY)", "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)"]),
+    ("serve-ray", ["(default: 8000)", "(default: 8.0)", "(default: 1.0)", "(default: $OMNI_TTS_API_KEY)",
+                   "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)", "(default: omni-tts-HOST-PORT"]),
     ("synthesize", ["(default: cpu)", "(default: float32)", "(default: warning)",
                     "(default: the checkpoint's generation_config.json)"]),
     ("make-tiny-model", ["(default: tiny)", "(default: 0)", "(default: bfloat16)", "(default: warning)"]),
@@ -73,6 +76,26 @@ def test_busy_port_fails_at_once_before_loading_anything():
         elapsed = time.monotonic() - started
     assert_one_line_error(result, 1, f"cannot listen on 127.0.0.1:{port}: Address already in use")
     assert elapsed < 3.0  # the tiny model alone takes longer to load: nothing was loaded
+
+
+def test_serve_ray_without_ray_says_how_to_install_it():
+    """Ray is an optional extra: the base package never imports it, and serve-ray without it is one line."""
+    hide_ray = ("import sys; sys.modules['ray'] = None; from omni_tts.entrypoints.cli import main; "
+                f"sys.exit(main(['serve-ray', '--port', '{free_port()}']))")
+    result = subprocess.run([sys.executable, "-c", hide_ray], capture_output=True, text=True, timeout=120)
+    assert_one_line_error(result, 1, "Ray Serve is not installed; install it with: pip install -e '.[ray]'",
+                          command="serve-ray")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--replicas", "2", "--max-replicas", "3"], "--replicas fixes the number of replicas"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "--max-replicas >= --min-replicas, got 3 and 2"),
+    (["--cpus-per-replica", "1000"], "1 replicas of 1000 CPUs do not fit the "),
+])
+def test_serve_ray_replica_options_that_cannot_work_are_one_line(args, message):
+    pytest.importorskip("ray.serve")
+    result = run_cli("serve-ray", "--port", str(free_port()), "--model", str(FIXTURES / "tiny-custom-voice"), *args)
+    assert_one_line_error(result, 2, message, command="serve-ray")
 
 
 def test_missing_device_is_named_before_any_stage_starts(tmp_path):

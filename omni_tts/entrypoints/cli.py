@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import urllib.parse
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from omni_tts import package_version
 from omni_tts.config import available_stage_configs
@@ -17,7 +17,10 @@ from omni_tts.models.qwen3_tts.config import MODEL_TYPES, RANDOM_MODEL_PRESETS, 
 
 if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before these (and torch) are loaded
     from omni_tts.audio.ref_audio import UrlPolicy
+    from omni_tts.config import PipelineConfig
+    from omni_tts.entrypoints.server import ServerConfig
     from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+    from omni_tts.orchestrator.engine_protocol import TTSEngine
 
 logger = logging.getLogger("omni_tts.cli")
 
@@ -100,6 +103,19 @@ def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server", formatter_class=_HelpFormatter)
+    _add_server_arguments(p)
+
+
+def _add_serve_ray(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve-ray", help="the same HTTP server in front of Ray Serve replicas (pip install "
+                                         "-e '.[ray]'); joins the Ray cluster at $RAY_ADDRESS, else starts one here",
+                       formatter_class=_HelpFormatter)
+    _add_server_arguments(p)
+    _add_replica_arguments(p)
+
+
+def _add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """What `serve` and `serve-ray` share: the model, the HTTP API's options and each pipeline's supervision."""
     p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
@@ -144,11 +160,60 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
                    help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
     p.add_argument("--max-restarts", type=int, default=5,
-                   help="pipeline restarts within 10 minutes beyond which the server gives up and exits 1")
+                   help="pipeline restarts within 10 minutes beyond which the server gives up and exits 1 (serve-ray: "
+                        "the replica fails its health checks, and Ray replaces it)")
     _add_log_level(p, "info")
 
 
+def _add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int,
+                   help="a fixed number of replicas, each one pipeline (default: 1, or autoscaling when "
+                        "--min-replicas or --max-replicas is given)")
+    p.add_argument("--min-replicas", type=int, help="autoscaling: the fewest replicas (default 1)")
+    p.add_argument("--max-replicas", type=int, help="autoscaling: the most replicas (default: --min-replicas)")
+    p.add_argument("--target-ongoing-requests", type=float, default=8.0,
+                   help="autoscaling: the requests per replica Ray scales towards (one replica's real-time "
+                        "capacity: docs/deploy.md)")
+    p.add_argument("--cpus-per-replica", type=float, default=1.0,
+                   help="Ray CPUs each replica takes; its CPU stages' threads split that many cores (at least 1)")
+    p.add_argument("--gpus-per-replica", type=float,
+                   help="Ray GPUs each replica takes, fractional for several replicas per GPU (default: the stage "
+                        "config's CUDA devices, 0 on the CPU)")
+    p.add_argument("--app-name", help="the Ray Serve application's name (default: omni-tts-HOST-PORT, one per front "
+                                      "end in a shared cluster)")
+
+
 def _serve(args: argparse.Namespace) -> int:
+    return _serve_with(_serve_on, args, _check_server_arguments(args))
+
+
+def _serve_ray(args: argparse.Namespace) -> int:
+    try:
+        import ray.serve  # noqa: F401 — an optional extra
+    except ImportError:
+        _error(args.command, "Ray Serve is not installed; install it with: pip install -e '.[ray]'")
+        return 1
+    from omni_tts.entrypoints import serve_ray
+
+    ref_audio_urls = _check_server_arguments(args)
+    serve_ray.check_arguments(args)
+    return _serve_with(serve_ray.serve_on, args, ref_audio_urls)
+
+
+def _serve_with(serve_on: Callable[[socket.socket, argparse.Namespace, UrlPolicy | None], int],
+                args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
+    """Bind the port (before the model loads), then `serve_on` it."""
+    try:
+        listener = _listen(args.host, args.port)
+    except OSError as e:
+        _error(args.command, f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return 1
+    with listener:
+        return serve_on(listener, args, ref_audio_urls)
+
+
+def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
+    """ValueError for a bad option; the policy for http(s) ref_audio (None: URLs are refused)."""
     from omni_tts.audio.ref_audio import UrlPolicy
 
     if args.max_queue < 1:
@@ -172,13 +237,7 @@ def _serve(args: argparse.Namespace) -> int:
                          "--stream-idle-timeout and --keepalive-timeout must be > 0")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    try:
-        listener = _listen(args.host, args.port)
-    except OSError as e:
-        _error("serve", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
-        return 1
-    with listener:
-        return _serve_on(listener, args, ref_audio_urls)
+    return ref_audio_urls
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -199,23 +258,44 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
     """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
-    import asyncio
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
 
-    import prometheus_client
+    model_dir, stage_config, pipeline, names = load_checkpoint(args)
+    prepare_server_process()
+    engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
+                            max_restarts=args.max_restarts)
+    # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
+    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+    url = listener_url(listener)
+    logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
+                stage_config, url)
+    return run_server(listener, args, engine, server_config(args, names, ref_audio_urls),
+                      _ready_line(engine, model_dir, names, url))
+
+
+def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
+    """The checkpoint directory (downloaded or made if need be), the stage config's name and contents, and the
+    served model names."""
     import torch
-    from aiohttp import web
 
-    from omni_tts.config import load_stage_config, set_torch_threads
+    from omni_tts.config import load_stage_config
     from omni_tts.entrypoints.names import default_served_model_name
-    from omni_tts.entrypoints.server import AccessLogger, ServerConfig, build_app
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
-    from omni_tts.orchestrator.async_engine import AsyncTTSEngine, StageDeadError
 
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
-    pipeline = load_stage_config(stage_config)
     names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
+    return model_dir, stage_config, load_stage_config(stage_config), names
+
+
+def prepare_server_process() -> None:
+    import asyncio
+
+    import prometheus_client
+
+    from omni_tts.config import set_torch_threads
+
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -225,37 +305,45 @@ def _serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls:
     # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
     # own (`…_created`, unit-less): noise beside the conventional names of /metrics
     prometheus_client.disable_created_metrics()
-    engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
-                            max_restarts=args.max_restarts)
-    # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
-    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+
+
+def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None) -> ServerConfig:
+    from omni_tts.entrypoints.server import ServerConfig
+
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
-    app = build_app(engine, ServerConfig(
+    return ServerConfig(
         served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
         max_queue=args.max_queue, voices_dir=args.voices_dir,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         allowed_origins=tuple(args.allowed_origins),
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
-        stream_idle_timeout=args.stream_idle_timeout))
-    url = _url(listener)
-    logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
-                stage_config, url)
-    ready = _ready_line(engine, model_dir, names, url)
+        stream_idle_timeout=args.stream_idle_timeout)
+
+
+def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSEngine, config: ServerConfig,
+               ready: str) -> int:
+    """Serve `engine`'s app on `listener` until SIGINT/SIGTERM (0), or until it does not start or gives up (1)."""
+    from aiohttp import web
+
+    from omni_tts.entrypoints.server import AccessLogger, build_app
+    from omni_tts.orchestrator.async_engine import StageDeadError
+
+    app = build_app(engine, config)
     try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
         web.run_app(app, sock=listener, handler_cancellation=True, keepalive_timeout=args.keepalive_timeout,
                     print=lambda _banner: logger.info("%s", ready),
                     access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
     except StageDeadError as e:  # a stage did not start
-        _error("serve", f"the pipeline did not start: {e}")
+        _error(args.command, f"the pipeline did not start: {e}")
         return 1
     if engine.fatal is not None:
-        _error("serve", engine.fatal)
+        _error(args.command, engine.fatal)
         return 1
     return 0
 
 
-def _url(listener: socket.socket) -> str:
+def listener_url(listener: socket.socket) -> str:
     host, port = listener.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -329,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
+    _add_serve_ray(sub)
     _add_synthesize(sub)
     _add_make_tiny_model(sub)
     return parser
@@ -337,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(getattr(logging, args.log_level.upper()))
-    handlers = {"serve": _serve, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
+    handlers = {"serve": _serve, "serve-ray": _serve_ray, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
     try:
         return handlers[args.command](args)
     except (ValueError, ConfigError, WeightsError, FileExistsError) as e:

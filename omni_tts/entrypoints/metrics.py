@@ -7,7 +7,7 @@ factor is generation time ÷ audio duration, dimensionless and unbounded above (
 exposition against these rules.
 
 The stages count their own steps and step times (StageStats); `StageCollector` turns each scrape's figures into
-counters and histograms that never go down, across stage restarts as well.
+counters and histograms that never go down, across stage restarts as well, and sums the replicas' under serve-ray.
 """
 from __future__ import annotations
 
@@ -59,12 +59,18 @@ class ServerMetrics:
             self.restarts.labels(name).inc(count - self._restarts_counted.get(name, 0))
             self._restarts_counted[name] = count
         self.stages.update(stats)
-        if "talker" in stats:
-            self.waiting_for_text.labels("prefill").set(stats["talker"].prompts_waiting_for_text)
-            self.waiting_for_text.labels("row").set(stats["talker"].rows_waiting_for_text)
+        talkers = [s for key, s in stats.items() if stage_name(key) == "talker"]
+        if talkers:
+            self.waiting_for_text.labels("prefill").set(sum(s.prompts_waiting_for_text for s in talkers))
+            self.waiting_for_text.labels("row").set(sum(s.rows_waiting_for_text for s in talkers))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def stage_name(key: str) -> str:
+    """The stage of a stats key: `talker`, or `<replica>/talker` from one of several pipelines."""
+    return key.rpartition("/")[2]
 
 
 def _added(a: DurationHistogram | None, b: DurationHistogram | None) -> DurationHistogram | None:
@@ -119,17 +125,22 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Dura
 
 class StageCollector:
     """The stages' own figures (steps, step times, the ring's chunks and latency) as Prometheus families, from the
-    latest scrape's StageStats; a figure keeps its last value while the stages cannot answer."""
+    latest scrape's StageStats, each summed over the pipelines (replicas) that report it; a figure keeps its last
+    value while the stages cannot answer. A replica that is gone keeps its counts in the sums (counters never go
+    down) but holds no requests."""
 
     def __init__(self) -> None:
-        self._totals: dict[str, _StageTotals] = {}
+        self._totals: dict[str, _StageTotals] = {}   # by stats key
+        self._answered: set[str] = set()             # the keys of the latest answer
 
     def update(self, stats: dict[str, StageStats]) -> None:
-        for name, s in stats.items():
-            if name in self._totals:
-                self._totals[name].update(s)
+        if stats:
+            self._answered = set(stats)
+        for key, s in stats.items():
+            if key in self._totals:
+                self._totals[key].update(s)
             else:
-                self._totals[name] = _StageTotals(latest=s)
+                self._totals[key] = _StageTotals(latest=s)
 
     def describe(self) -> list[Metric]:
         return []  # names are checked at registration by collect() otherwise, before any stage has reported
@@ -142,11 +153,21 @@ class StageCollector:
         chunks = CounterMetricFamily("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring")
         latency = HistogramMetricFamily("omni_tts_connector_latency_seconds",
                                         "Talker put() to code2wav taking the chunk, per ring chunk")
-        for name, totals in sorted(self._totals.items()):
-            steps.add_metric([name], totals.steps)
-            _histogram(step_seconds, [name], totals.step_durations)
-            requests.add_metric([name], len(totals.latest.request_ids))
-            if totals.connector_latencies is not None:  # the stage that receives from the ring
-                chunks.add_metric([], totals.chunks)
-                _histogram(latency, [], totals.connector_latencies)
+        by_stage: dict[str, list[tuple[str, _StageTotals]]] = {}
+        for key, totals in sorted(self._totals.items()):
+            by_stage.setdefault(stage_name(key), []).append((key, totals))
+        for name, pipelines in by_stage.items():
+            steps.add_metric([name], sum(totals.steps for _, totals in pipelines))
+            durations = None
+            for _, totals in pipelines:
+                durations = _added(durations, totals.step_durations)
+            _histogram(step_seconds, [name], durations)
+            requests.add_metric([name], sum(len(totals.latest.request_ids) for key, totals in pipelines
+                                            if key in self._answered))
+            connector = None
+            for _, totals in pipelines:
+                connector = _added(connector, totals.connector_latencies)
+            if connector is not None:  # the stage that receives from the ring
+                chunks.add_metric([], sum(totals.chunks for _, totals in pipelines))
+                _histogram(latency, [], connector)
         yield from (steps, step_seconds, requests, chunks, latency)

@@ -20,8 +20,8 @@ from aiohttp import web
 from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
 from omni_tts.entrypoints.playground import playground_asset_names
-from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage, ResponseFormat, SpeechRequest,
-                                           VoiceUpload)
+from omni_tts.entrypoints.protocol import (REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
+                                           ResponseFormat, SpeechRequest, VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
@@ -163,7 +163,8 @@ def _speech_operation() -> dict:
                         "x-omni-tts-output-tokens": _header("whole-file responses: codec frames generated",
                                                             "integer"),
                         VOICE_IGNORED_HEADER: _header("the request's voice, which this checkpoint ignores "
-                                                      "(VoiceDesign; Base beside ref_audio)")}},
+                                                      "(VoiceDesign; Base beside ref_audio)"),
+                        REPLICA_HEADER: _header("omni-tts serve-ray: the replica that served the request")}},
             "400": _error("invalid request (the field is named in `param`)"),
             "404": _error("the model is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),

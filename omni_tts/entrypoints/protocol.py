@@ -20,6 +20,7 @@ MAX_TEXT_CHARS = 4096
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
 MAX_NEW_TOKENS = 8192
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+REPLICA_HEADER = "x-omni-tts-replica"   # serve-ray: the replica that served a speech request
 
 
 class ApiError(Exception):

@@ -8,7 +8,7 @@ channels}, binary audio frames (the whole file per request, or with stream_audio
 `error` {message}, after which the server closes the connection and the session's requests end in the stages.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
-(`AsyncTTSEngine.open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
+(the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
 first words; `audio.start` then carries the text received so far. `sentence`, `clause` and `none` make a request of
 each sentence, clause or whole utterance, one after another (text_splitter.py). Each request is admitted like an
 HTTP one (--max-queue), with the same validation (the config is a SpeechOptions). Limits: session.config within

@@ -77,6 +77,9 @@ class RequestTimedOut(RequestFailed):
         super().__init__(message)
         self.before_first_audio = before_first_audio
 
+    def __reduce__(self):  # pickled whole: serve-ray sends it from a replica to the API process
+        return type(self), (str(self), self.before_first_audio)
+
 
 @dataclass
 class Usage:
@@ -91,6 +94,7 @@ class Usage:
 class GenerationChunk:
     audio: np.ndarray        # float32 or int16 samples at 24 kHz
     usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
+    replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk
 
 
 @dataclass
@@ -123,17 +127,18 @@ class _Stage:
 class AsyncTTSEngine:
     def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
                  heartbeat_timeout: float = 5.0, step_timeout: float = 120.0, max_restarts: int = 5,
-                 restart_window: float = 600.0, max_buffered_seconds: float = 60.0) -> None:
+                 restart_window: float = 600.0, max_buffered_seconds: float = 60.0, cpus: int | None = None) -> None:
         """heartbeat_timeout: seconds without a heartbeat before a ready stage counts as hung (stopped, or its
         process starved); step_timeout: seconds one loop iteration may take (a deadlocked step). Restarts beyond
-        max_restarts within restart_window make the engine give up."""
+        max_restarts within restart_window make the engine give up. cpus: the cores the CPU stages' threads share
+        (default: those this process may run on)."""
         self.model_dir, self.pipeline = model_dir, pipeline
         self.startup_timeout = startup_timeout
         self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
         self.max_restarts, self.restart_window = max_restarts, restart_window
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         check_devices(pipeline)
-        self.threads = stage_threads(pipeline)
+        self.threads = stage_threads(pipeline, cpus)
         talker, code2wav = pipeline.stages.talker, pipeline.stages.code2wav
         # requests each stage runs together: the talker is also bounded by its KV cache rows
         self.batch_sizes = {"talker": min(talker.max_batch_size, talker.num_cache_rows),
@@ -141,8 +146,7 @@ class AsyncTTSEngine:
         self.config = Qwen3TTSConfig.load(model_dir)
         gen_path = os.path.join(model_dir, "generation_config.json")
         self.generation_config = read_json(gen_path) if os.path.isfile(gen_path) else {}
-        self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir),
-                                     PromptLimits(talker.max_text_tokens, talker.max_model_len))
+        self.prompts = load_prompts(model_dir, self.config, pipeline)
         self.tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omni-tts-tokenizer")
         self.audio_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-audio")
         self.requests: dict[str, _Request] = {}
@@ -644,6 +648,13 @@ class AsyncTTSEngine:
                 deadline.cancel()
             state.queue.put_nowait(error)
         self.requests.clear()
+
+
+def load_prompts(model_dir: str, config: Qwen3TTSConfig, pipeline: PipelineConfig) -> PromptBuilder:
+    """The checkpoint's prompt builder (tokenizer, speakers, languages) within the talker's limits."""
+    talker = pipeline.stages.talker
+    return PromptBuilder(config, load_text_tokenizer(model_dir), PromptLimits(talker.max_text_tokens,
+                                                                              talker.max_model_len))
 
 
 def check_devices(pipeline: PipelineConfig) -> None:

@@ -33,6 +33,9 @@ class RequestError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self):  # pickled whole: serve-ray sends it from a replica to the API process
+        return type(self), (self.param, str(self))
+
 
 @dataclass
 class SynthesisRequest:

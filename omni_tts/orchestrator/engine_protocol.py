@@ -1,0 +1,72 @@
+"""What the HTTP server needs of an engine: `AsyncTTSEngine` in one process (`omni-tts serve`), or `RayEngine`
+(ray_engine.py), which forwards to AsyncTTSEngine replicas under Ray Serve (`omni-tts serve-ray`). server.py and
+speech_stream.py are written against this alone, so every route answers the same whichever engine is behind it.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
+from omni_tts.stages.protocol import StageStats
+
+from .async_engine import GenerationChunk
+
+
+class SpeechTextStream(Protocol):
+    """A request whose text arrives in pieces (text_stream.TextStream): append, finish, iterate for the audio;
+    aclose aborts it unless it ended."""
+
+    async def append(self, text: str) -> None: ...
+
+    async def finish(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[GenerationChunk]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class TTSEngine(Protocol):
+    @property
+    def config(self) -> Qwen3TTSConfig: ...
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        """The checkpoint's speakers and languages (and its tokenizer)."""
+
+    @property
+    def is_healthy(self) -> bool:
+        """New requests can be served now."""
+
+    @property
+    def down(self) -> str | None:
+        """What failed and is being recovered from, while unhealthy."""
+
+    @property
+    def down_reason(self) -> str | None: ...
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the engine gave up for good, if it did."""
+
+    @property
+    def restarts(self) -> Mapping[str, int]:
+        """Pipeline restarts so far, by the stage that failed; never decreases."""
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: SynthesisRequest, request_id: str | None = None, output_dtype: str = "float32",
+                 initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                 first_audio_timeout: float | None = None,
+                 timeout: float | None = None) -> AsyncIterator[GenerationChunk]: ...
+
+    async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
+                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
+                               voice_key: str | None = None, first_audio_timeout: float | None = None,
+                               timeout: float | None = None, idle_timeout: float = 30.0) -> SpeechTextStream: ...
+
+    async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
+        """The stages' figures, keyed by stage name (`<replica>/<stage>` when several pipelines answer)."""

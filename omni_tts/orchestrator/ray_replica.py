@@ -1,0 +1,111 @@
+"""serve-ray's replica: one Ray Serve replica owns one AsyncTTSEngine, whose two stage processes are children of
+the replica's actor process, on the GPUs Ray assigned it (CUDA_VISIBLE_DEVICES, which the stages inherit: the stage
+config's `cuda:0` is the replica's first GPU).
+
+The API process (ray_engine.RayEngine) calls it through a DeploymentHandle: `generate` and `text_session` stream
+the request's GenerationChunks back; an error the client is told about (ENGINE_ERRORS) comes as the stream's last
+item, pickled whole, so the API process raises the very exception a local engine would (Ray would wrap a raised
+one in the replica's traceback). Cancelling the stream in the API process cancels the method here, which closes
+the engine's iterator, which aborts the request in both stages. Ray's health check calls `check_health`; after
+three failures in a row Ray replaces the replica.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from ray import serve
+from ray.actor import ActorHandle
+
+from omni_tts.config import PipelineConfig, set_torch_threads
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.random_model import default_model_dir
+from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+from omni_tts.stages.protocol import StageStats
+
+from .async_engine import AsyncTTSEngine, GenerationChunk, RequestFailed, StageDeadError
+from .text_stream import TextStream
+
+# the errors server.py turns into a status and a message (RequestTimedOut is a RequestFailed)
+ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
+Item = GenerationChunk | RequestError | StageDeadError | RequestFailed | None
+
+
+class EngineReplica:
+    async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int, engine_options: dict) -> None:
+        """model: `--model` as given (each node resolves it: a repo id downloads into that node's cache); cpus:
+        the replica's share of cores, which its CPU stages' threads split (not every core of the node)."""
+        set_torch_threads(1)  # this process only routes messages; the cores belong to the stages
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.engine = AsyncTTSEngine(resolve_model_dir(model) if model else default_model_dir(), pipeline,
+                                     cpus=cpus, **engine_options)
+        await self.engine.start()
+        self._stats_lock = asyncio.Lock()  # the engine keeps one pending stats answer per stage
+
+    async def __del__(self) -> None:  # Serve awaits it when it stops the replica
+        await self.engine.shutdown()
+
+    def check_health(self) -> None:
+        if not self.engine.is_healthy:
+            raise RuntimeError(f"the engine is not serving: {self.engine.fatal or self.engine.down_reason}")
+
+    async def generate(self, request: SynthesisRequest, options: dict) -> AsyncIterator[Item]:
+        async for item in self._items(self.engine.generate(request, **options)):
+            yield item
+
+    async def text_session(self, relay: ActorHandle, request: SynthesisRequest, options: dict) -> AsyncIterator[Item]:
+        """A request whose text arrives in pieces through `relay` (ray_engine.TextRelay), keyed by its request id.
+        The first item is None once it is open (or the error that refused it)."""
+        try:
+            stream = await self.engine.open_text_stream(request, **options)
+        except ENGINE_ERRORS as e:
+            yield e
+            return
+        feeder = asyncio.create_task(_feed(relay, stream))
+        try:
+            yield None
+            async for item in self._items(stream.chunks):
+                yield item
+        finally:
+            feeder.cancel()
+            await stream.aclose()
+
+    async def stats(self) -> tuple[str, dict[str, StageStats], dict[str, int]]:
+        """This replica's id, its stages' figures ({} while they cannot answer) and its pipeline restarts."""
+        stats: dict[str, StageStats] = {}
+        async with self._stats_lock:
+            if self.engine.is_healthy:
+                try:
+                    stats = await self.engine.stats(timeout=2.0)
+                except (StageDeadError, TimeoutError):
+                    pass
+        return self.replica_id, stats, dict(self.engine.restarts)
+
+    async def _items(self, chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[Item]:
+        """The chunks, the first naming this replica, then the error that ended them, if one did."""
+        first = True
+        try:
+            async for chunk in chunks:
+                if first:
+                    chunk.replica, first = self.replica_id, False
+                yield chunk
+        except ENGINE_ERRORS as e:
+            yield e
+        finally:
+            await chunks.aclose()  # also when Serve drops this generator at a yield
+
+
+async def _feed(relay: ActorHandle, stream: TextStream) -> None:
+    """The text pieces the API process pushes, into the stream, until it finishes it or goes away."""
+    try:
+        while True:
+            kind, text = await relay.pull.remote(stream.request_id)
+            if kind == "text":
+                await stream.append(text)
+            elif kind == "finish":
+                await stream.finish()
+                return
+            else:  # closed: the API process cancels this session too
+                return
+    except RequestError:
+        pass  # the request failed with it: the audio stream ends with it

@@ -1,0 +1,228 @@
+"""`omni-tts serve-ray` (issue 13) as a user runs it: a local Ray instance, two replicas of the tiny Base model and
+one front end on a loopback port. Concurrent greedy requests — whole, streamed, SSE and a WebSocket session — each
+equal `omni-tts serve`'s answer, both replicas serve, a voice uploaded once speaks from every replica, and a replica
+killed with kill -9 under load fails only its own requests, is replaced by Ray, and serves again."""
+import asyncio
+import base64
+import json
+import os
+import signal
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from conftest import FIXTURES
+from server_util import ServerProcess, request, stage_pids
+
+pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.slow  # a Ray instance and three pipelines on two cores: minutes
+
+MODEL = "qwen3-tts"
+GREEDY = {"temperature": 0, "max_new_tokens": 32}
+TEXTS = ["Replicas speak alike.", "One front end, two pipelines.", "Greedy means the same audio.",
+         "A voice uploaded once is heard everywhere."]
+LONG = dict(GREEDY, max_new_tokens=200, repetition_penalty=1.0)  # runs seconds: still going when the kill comes
+REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
+VOICE = "fox"
+BAD_LANGUAGE = "klingon"  # refused by the tokenizer: inside a replica under serve-ray
+
+
+def upload_voice(server: ServerProcess) -> None:
+    boundary = "omnittsboundary"
+    fields = [(b"name", VOICE.encode()), (b"ref_text", REF_TEXT.encode()), (b"consent", b"yes")]
+    body = b"".join(b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + k + b'"\r\n\r\n' + v +
+                    b"\r\n" for k, v in fields)
+    body += (b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="audio_sample"; filename="a.wav"'
+             b"\r\nContent-Type: audio/wav\r\n\r\n" + (FIXTURES / "ref_voice.wav").read_bytes() + b"\r\n--" +
+             boundary.encode() + b"--\r\n")
+    status, _, answer = request(server.url + "/v1/audio/voices", data=body,
+                                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200, answer
+
+
+def payload(text: str, **fields) -> dict:
+    return dict(dict(GREEDY, model=MODEL, input=text, voice=VOICE, language="english", response_format="pcm"),
+                **fields)
+
+
+def as_pcm(mode: str, body: bytes) -> bytes:
+    if mode != "sse":
+        return body
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done", events[-1]
+    return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+
+
+async def speak(http: aiohttp.ClientSession, server: ServerProcess, text: str, mode: str,
+                **fields) -> tuple[int, str | None, bytes]:
+    """(status, replica, PCM or error body) of one HTTP request: mode whole, stream (raw PCM) or sse."""
+    extra = {"whole": {}, "stream": {"stream": True}, "sse": {"stream_format": "sse"}}[mode]
+    async with http.post(server.url + "/v1/audio/speech", json=payload(text, **extra, **fields)) as response:
+        body = await response.read()
+        pcm = as_pcm(mode, body) if response.status == 200 else body
+        return response.status, response.headers.get("x-omni-tts-replica"), pcm
+
+
+async def long_stream(http: aiohttp.ClientSession, server: ServerProcess, text: str,
+                      started: asyncio.Queue) -> tuple[int, str | None, bytes]:
+    """A streamed request that runs for seconds; its replica goes into `started` once its audio is flowing."""
+    async with http.post(server.url + "/v1/audio/speech", json=payload(text, stream=True, **LONG)) as response:
+        replica = response.headers.get("x-omni-tts-replica")
+        started.put_nowait(replica)
+        return response.status, replica, await response.read()
+
+
+async def ws_utterance(http: aiohttp.ClientSession, server: ServerProcess, text: str) -> bytes:
+    """A token-mode session: the text in pieces cut inside words, with pauses; its streamed PCM."""
+    async with http.ws_connect(server.url + "/v1/audio/speech/stream") as ws:
+        config = {k: v for k, v in payload("").items() if k != "input"}
+        await ws.send_json(dict(config, type="session.config", stream_audio=True))
+        cuts = [0, 3, 9, 10, 17, len(text)]
+        for start, end in zip(cuts, cuts[1:]):
+            await ws.send_json({"type": "input.text", "text": text[start:end]})
+            await asyncio.sleep(0.15)
+        await ws.send_json({"type": "input.done"})
+        pcm = b""
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                pcm += message.data
+                continue
+            event = json.loads(message.data)
+            assert event["type"] != "error", event
+            if event["type"] == "session.done":
+                return pcm
+    raise AssertionError("the session closed before session.done")
+
+
+def assert_pcm_close(pcm: bytes, expected: bytes) -> None:
+    got, want = np.frombuffer(pcm, "<i2").astype(np.int32), np.frombuffer(expected, "<i2").astype(np.int32)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1
+
+
+def replica_pids(app: str) -> list[int]:
+    """The replica actors' processes (Ray titles them `ray::ServeReplica:<app>:<deployment>`)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(f"ray::ServeReplica:{app}:".encode()):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory) -> dict[str, bytes]:
+    """Each text's PCM from `omni-tts serve`, the uploaded voice speaking."""
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                           str(tmp_path_factory.mktemp("single-voices")))
+    try:
+        upload_voice(server)
+        answers = {}
+        for text in TEXTS:
+            status, _, pcm = request(server.url + "/v1/audio/speech", payload(text))
+            assert status == 200, pcm
+            answers[text] = pcm
+        answers[BAD_LANGUAGE] = request(server.url + "/v1/audio/speech", payload(TEXTS[0], language=BAD_LANGUAGE))[2]
+        return answers
+    finally:
+        server.stop()
+
+
+def test_two_replicas_answer_as_one_server_and_survive_a_killed_replica(expected, tmp_path):
+    app = f"omni-tts-test-{os.getpid()}"
+    started = time.monotonic()
+    server = ServerProcess("--replicas", "2", "--app-name", app, "--model", str(FIXTURES / "tiny-base"),
+                           "--served-model-name", MODEL, "--voices-dir", str(tmp_path / "voices"),
+                           subcommand="serve-ray", startup_timeout=300)
+    timings = {"start": time.monotonic() - started}
+    try:
+        assert "through Ray Serve application" in server.output()
+        assert len(replica_pids(app)) == 2
+        upload_voice(server)  # once, through the front end: every replica gets the voice inside each request
+
+        async def sixteen() -> list:
+            async with aiohttp.ClientSession() as http:
+                modes = ["whole", "stream", "sse"]
+                return await asyncio.gather(
+                    *(speak(http, server, TEXTS[i % 4], modes[i % 3]) for i in range(15)),
+                    ws_utterance(http, server, TEXTS[3]))
+        at = time.monotonic()
+        answers = asyncio.run(sixteen())
+        timings["16 requests"] = time.monotonic() - at
+        for i, (status, replica, pcm) in enumerate(answers[:15]):
+            assert status == 200, pcm[:300]
+            assert_pcm_close(pcm, expected[TEXTS[i % 4]])
+        assert_pcm_close(answers[15], expected[TEXTS[3]])
+        replicas = {replica for _, replica, _ in answers[:15]}
+        assert len(replicas) == 2 and None not in replicas, replicas
+        status, _, error = request(server.url + "/v1/audio/speech", payload(TEXTS[0], language=BAD_LANGUAGE))
+        assert status == 400 and error == expected[BAD_LANGUAGE]  # a replica's refusal: the same envelope
+
+        victim = replica_pids(app)[0]
+        victim_stages = stage_pids(victim)
+        assert len(victim_stages) == 2
+
+        async def kill_under_load() -> tuple[list, list]:
+            async with aiohttp.ClientSession() as http:
+                started: asyncio.Queue[str] = asyncio.Queue()
+                loaded, busy = [], set()
+                while len(busy) < 2 and len(loaded) < 16:  # until both replicas are streaming audio
+                    batch = [asyncio.create_task(long_stream(http, server, TEXTS[i % 4], started)) for i in range(4)]
+                    loaded += batch
+                    for _ in batch:
+                        busy.add(await asyncio.wait_for(started.get(), 60))
+                assert len(busy) == 2, busy
+                loaded += [asyncio.create_task(speak(http, server, text, "whole", **LONG)) for text in TEXTS[:2]]
+                await asyncio.sleep(0.5)
+                os.kill(victim, signal.SIGKILL)
+                during = await asyncio.gather(*loaded, return_exceptions=True)
+                after = await asyncio.gather(*(speak(http, server, text, "whole") for text in TEXTS))
+                return during, after
+        at = time.monotonic()
+        during, after = asyncio.run(kill_under_load())
+        # the killed replica's requests fail as a dead stage's do (503, or a cut stream); the other's finish
+        failed = [r for r in during if isinstance(r, BaseException) or r[0] != 200]
+        assert failed and len(failed) < len(during), during
+        for r in failed:
+            assert isinstance(r, aiohttp.ClientPayloadError) or (
+                r[0] == 503 and "the replica serving this request died" in json.loads(r[2])["error"]["message"]), r
+        for text, (status, replica, pcm) in zip(TEXTS, after):
+            assert status == 200, pcm[:300]
+            assert_pcm_close(pcm, expected[text])
+        deadline = time.monotonic() + 10
+        while any(map(alive, victim_stages)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(alive, victim_stages))  # the stages saw their parent die and left
+
+        # Ray starts a replica in the killed one's place; it serves the voice as well
+        deadline = time.monotonic() + 240
+        served_by = set()
+        while not served_by - replicas and time.monotonic() < deadline:
+            async def four() -> list:
+                async with aiohttp.ClientSession() as http:
+                    return await asyncio.gather(*(speak(http, server, text, "stream") for text in TEXTS))
+            for text, (status, replica, pcm) in zip(TEXTS, asyncio.run(four())):
+                assert status == 200, pcm[:300]
+                assert_pcm_close(pcm, expected[text])
+                served_by.add(replica)
+            time.sleep(1)
+        timings["replacement"] = time.monotonic() - at
+        assert served_by - replicas, "no new replica served within 240 s"
+        assert len(replica_pids(app)) == 2 and victim not in replica_pids(app)
+        print("serve-ray timings (s):", {name: round(seconds, 1) for name, seconds in timings.items()})
+    finally:
+        output = server.stop()
+    assert server.proc.returncode == 0, output[-3000:]
+    assert replica_pids(app) == []
