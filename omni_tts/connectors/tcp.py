@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 _MAGIC = b"otc1"  # names the format: a peer of another version is refused, not misread
 _HEADER = struct.Struct("<4sIqqII")  # magic, slot, seq, put time (CLOCK_MONOTONIC ns), num_frames, flags; id follows
+_CLOSE_LINGER_MS = 100  # the reader's close() still delivers the releases already made, if the writer takes them
 
 
 class TcpSpec(msgspec.Struct, frozen=True, tag="tcp"):
@@ -272,14 +273,11 @@ class TcpChunkReader(ChunkReaderBase):
         try:
             while True:
                 ready = dict(poller.poll())  # no timeout: blocks until a chunk, a release or close()
+                if wake in ready or released in ready:
+                    self._forward_releases(link, released)
                 if wake in ready:
+                    link.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
                     return
-                if released in ready:
-                    for slot in drain_slots(released):
-                        try:
-                            link.send(SLOT_MSG.pack(slot), zmq.NOBLOCK)
-                        except zmq.Again:  # no peer: the writer is gone, and its slots with it
-                            logger.warning("no writer to release slot %d to", slot)
                 if link in ready:
                     chunks, unreadable = [], []
                     for frames in _drain_messages(link):
@@ -294,6 +292,14 @@ class TcpChunkReader(ChunkReaderBase):
         except BaseException as exc:
             self._fail("recv loop", exc)
         finally:
-            link.close(linger=0)
+            link.close()
             released.close(linger=0)
             wake.close(linger=0)
+
+    @staticmethod
+    def _forward_releases(link: zmq.Socket, released: zmq.Socket) -> None:
+        for slot in drain_slots(released):
+            try:
+                link.send(SLOT_MSG.pack(slot), zmq.NOBLOCK)
+            except zmq.Again:  # no peer: the writer is gone, and its slots with it
+                logger.warning("no writer to release slot %d to", slot)
