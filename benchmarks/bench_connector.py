@@ -1,11 +1,12 @@
-"""Shared-memory chunk connector: put → get latency across two real processes, idle CPU, burst throughput.
+"""Chunk connectors: put → get latency across two real processes, idle CPU, burst throughput, per kind.
 
-    python benchmarks/bench_connector.py [--chunks 1000] [--gap-ms 2]
+    python benchmarks/bench_connector.py [--kind shm|tcp|both] [--chunks 1000] [--gap-ms 2]
 
-The orchestrator-like parent owns the ring; a writer process (talker side) and a reader
-process (code2wav side) are spawned. Each chunk carries its CLOCK_MONOTONIC put time in
-its first two int32 codes (monotonic is system-wide, so both processes read one clock).
-Prints a Markdown table.
+The orchestrator-like parent owns the connector (shared-memory ring, or TCP on loopback
+with a port it picks); a writer process (talker side) and a reader process (code2wav side)
+are spawned. Each chunk carries its CLOCK_MONOTONIC put time in its first two int32 codes
+(monotonic is system-wide, so both processes read one clock). Prints a Markdown table per
+kind.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from omni_tts.connectors import ChunkReader, ChunkWriter, RingOwner, RingSpec
+from omni_tts.connectors import ConnectorSpec, RingOwner, TcpOwner, chunk_reader, chunk_writer
 
 SIZES = (1, 2, 25)
 WARMUP = 50
@@ -29,9 +30,9 @@ def stamp(codes: np.ndarray) -> None:
     codes[0, :2] = np.array([time.monotonic_ns()], dtype=np.int64).view(np.int32)
 
 
-def writer_main(spec: RingSpec, chunks: int, gap_s: float, ready: mp.Event, go: mp.Event, out: mp.Queue) -> None:
+def writer_main(spec: ConnectorSpec, chunks: int, gap_s: float, ready: mp.Event, go: mp.Event, out: mp.Queue) -> None:
     put_ns: dict[int | str, list[int]] = {}
-    with ChunkWriter(spec) as writer:
+    with chunk_writer(spec) as writer:
         ready.wait()  # the reader would queue early chunks anyway; waiting keeps its start-up out of the numbers
         for frames in SIZES:
             codes = np.zeros((frames, spec.num_codebooks), np.int32)
@@ -58,10 +59,10 @@ def writer_main(spec: RingSpec, chunks: int, gap_s: float, ready: mp.Event, go: 
         out.put(("writer", {f: np.array(v[WARMUP:]) for f, v in put_ns.items()}, idle, writer.stats().slot_stalls))
 
 
-def reader_main(spec: RingSpec, ready: mp.Event, go: mp.Event, out: mp.Queue) -> None:
+def reader_main(spec: ConnectorSpec, ready: mp.Event, go: mp.Event, out: mp.Queue) -> None:
     lat_ns: dict[str, list[int]] = {}
     burst_first = burst_last = 0
-    with ChunkReader(spec) as reader:
+    with chunk_reader(spec) as reader:
         ready.set()
         finished = 0
         while finished < len(SIZES) + 1:
@@ -81,15 +82,14 @@ def reader_main(spec: RingSpec, ready: mp.Event, go: mp.Event, out: mp.Queue) ->
     out.put(("reader", lat, idle, BURST_CHUNKS / ((burst_last - burst_first) / 1e9)))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=int, default=1000, help="measured chunks per size")
-    ap.add_argument("--gap-ms", type=float, default=2.0, help="pause between puts")
-    ap.add_argument("--slots", type=int, default=64)
-    args = ap.parse_args()
-
+def measure(kind: str, args: argparse.Namespace) -> dict[str, list]:
+    """Both processes' results for one connector kind."""
     ctx = mp.get_context("spawn")
-    with RingOwner.create(num_slots=args.slots, max_frames=max(SIZES), edge="bench") as owner:
+    if kind == "tcp":
+        owner = TcpOwner.create(num_slots=args.slots, max_frames=max(SIZES))
+    else:
+        owner = RingOwner.create(num_slots=args.slots, max_frames=max(SIZES), edge="bench")
+    with owner:
         out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
         procs = [ctx.Process(target=reader_main, args=(owner.spec, ready, go, out)),
                  ctx.Process(target=writer_main, args=(owner.spec, args.chunks, args.gap_ms / 1e3, ready, go, out))]
@@ -101,12 +101,15 @@ def main() -> None:
             res[role] = rest
         for p in procs:
             p.join()
+    return res
+
+
+def report(kind: str, res: dict[str, list]) -> None:
     put_ns, writer_idle, stalls = res["writer"]
     lat_ns, reader_idle, burst_rate = res["reader"]
 
     us = lambda a, q: np.percentile(a, q) / 1e3  # noqa: E731
-    print(f"\n{os.cpu_count()} CPUs, {args.chunks} chunks per size paced {args.gap_ms} ms apart, "
-          f"ring {args.slots} slots\n")
+    print(f"\n**{kind}**\n")
     print("| chunk frames | payload bytes | put() p50 µs | put() p99 µs "
           "| put→get p50 µs | put→get p99 µs | max µs |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -119,6 +122,21 @@ def main() -> None:
           f"{us(put_ns['burst'], 50):.1f} µs, p99 {us(put_ns['burst'], 99):.1f} µs when called back to back")
     print(f"idle CPU over {IDLE_S:.0f} s: writer process {writer_idle * 100:.2f} %, "
           f"reader process {reader_idle * 100:.2f} %")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=("shm", "tcp", "both"), default="both", help="connector kind(s) to measure")
+    ap.add_argument("--chunks", type=int, default=1000, help="measured chunks per size")
+    ap.add_argument("--gap-ms", type=float, default=2.0, help="pause between puts")
+    ap.add_argument("--slots", type=int, default=64, help="slots (chunks in flight)")
+    args = ap.parse_args()
+
+    kinds = ("shm", "tcp") if args.kind == "both" else (args.kind,)
+    print(f"\n{os.cpu_count()} CPUs, {args.chunks} chunks per size paced {args.gap_ms} ms apart, "
+          f"{args.slots} slots, load average {os.getloadavg()[0]:.2f} at start")
+    for kind in kinds:  # one after the other: the two kinds never share the cores
+        report(kind, measure(kind, args))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
-"""The two-stage runtime with real processes, real shared memory and real sockets (issue: streaming runtime)."""
+"""The two-stage runtime with real processes, real shared memory and real sockets (issue: streaming runtime); a few
+cases again with the TCP connector between the stages (connector.kind: tcp, on loopback)."""
 import asyncio
 import os
 
+import msgspec
 import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, case_requests
-from omni_tts.config import load_stage_config
+from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
+from omni_tts.connectors import RingSpec, TcpSpec
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -38,6 +41,17 @@ def alive(pid):
         return False
 
 
+def stage_config(kind: str) -> PipelineConfig:
+    """cpu_tiny with the connector of `kind`, through the loader as a YAML's connector.kind goes."""
+    data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
+    data["connector"]["kind"] = kind
+    return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")
+
+
+def assert_connector(engine: AsyncTTSEngine, kind: str) -> None:
+    assert isinstance(engine._connector.spec, {"shm": RingSpec, "tcp": TcpSpec}[kind])
+
+
 def many_requests(n, max_new_tokens=40):
     return [SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice=VOICES[i % len(VOICES)], language="auto",
                              sampling=SamplingParams(temperature=0 if i % 3 else 0.8, seed=i,
@@ -45,14 +59,17 @@ def many_requests(n, max_new_tokens=40):
             for i in range(n)]
 
 
-@pytest.mark.parametrize("variant", ["tiny-custom-voice", "tiny-voice-design", "tiny-base"])
-def test_streamed_equals_offline_for_first_chunk_sizes(variant):
+# tcp once, on Base: its ICL requests send reference-context chunks too
+@pytest.mark.parametrize("variant,kind", [("tiny-custom-voice", "shm"), ("tiny-voice-design", "shm"),
+                                          ("tiny-base", "shm"), ("tiny-base", "tcp")])
+def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
     requests = [r for c in GOLDEN_CASES if c["variant"] == variant for r in case_requests(c)][:3]
     offline = [tts.synthesize([r])[0] for r in requests]
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / variant), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / variant), stage_config(kind)) as engine:
+            assert_connector(engine, kind)
             for initial in (1, 2, 25):
                 results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
                 for (audio, usage, chunks), expected in zip(results, offline):
@@ -114,9 +131,11 @@ def test_cancelled_requests_are_freed_in_both_stages():
     run(main())
 
 
-def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu():
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
+            assert_connector(engine, kind)
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
             with pytest.raises(RequestError, match="initial_codec_chunk_frames"):

@@ -72,7 +72,7 @@ def test_defaults_fill_in():
     assert t.num_cache_rows == cfg.rows == 32
     assert cfg.stages.code2wav == Code2WavStageConfig(device="cpu", dtype="float32", max_batch_size=32)
     assert cfg.connector == ConnectorConfig(initial_codec_chunk_frames=2, codec_chunk_frames=25, ring_slots=256,
-                                            ring_slot_frames=64)
+                                            ring_slot_frames=64, kind="shm", tcp_host=None, tcp_port=None)
     assert cfg.sampling == DefaultSampling()
     assert all(v is None for v in msgspec.structs.asdict(cfg.sampling).values())
 
@@ -86,6 +86,15 @@ def test_kv_budget_rows_and_conversions():
     assert parse_stage_config(minimal("device: 'cuda:3'"), SRC).stages.talker.device == "cuda:3"
     # defaults come from this talker's own sizes
     assert parse_stage_config(minimal("max_batch_size: 3, max_model_len: 16"), SRC).stages.talker.kv_cache_tokens == 48
+
+
+def test_tcp_connector():
+    cfg = parse_stage_config(MINIMAL + "connector: {kind: tcp, ring_slots: 8}\n", SRC)
+    assert (cfg.connector.kind, cfg.connector.tcp_host, cfg.connector.tcp_port, cfg.connector.ring_slots) == (
+        "tcp", "127.0.0.1", 0, 8)  # loopback, a port the owner picks
+    remote = parse_stage_config(MINIMAL + "connector: {kind: tcp, tcp_host: 'fd00::2', tcp_port: 7100}\n", SRC)
+    assert (remote.connector.tcp_host, remote.connector.tcp_port) == ("fd00::2", 7100)
+    assert stage_config_from_dict(msgspec.to_builtins(remote), "<dict>") == remote
 
 
 def test_frozen_and_round_trip():
@@ -132,7 +141,15 @@ BAD = [
     ("", "", "sampling: {max_new_tokens: 0}\n", "sampling.max_new_tokens: must be an integer >= 1 or null, got 0"),
     ("", "", "connector: 3\n",
      "connector: must be a mapping with keys initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
-     "ring_slot_frames, got 3"),
+     "ring_slot_frames, kind, tcp_host, tcp_port, got 3"),
+    ("", "", "connector: {kind: udp}\n", "connector.kind: must be one of shm, tcp, got 'udp'"),
+    ("", "", "connector: {kind: tcp, tcp_host: localhost}\n",
+     "connector.tcp_host: must be an IP address, got 'localhost'"),
+    ("", "", "connector: {kind: tcp, tcp_port: 65536}\n",
+     "connector.tcp_port: must be an integer in 0..65535 or null, got 65536"),
+    ("", "", "connector: {tcp_port: 5555}\n", "connector.tcp_port: only used with kind: tcp (kind is shm)"),
+    ("", "", "connector: {kind: shm, tcp_host: 10.0.0.2}\n",
+     "connector.tcp_host: only used with kind: tcp (kind is shm)"),
 ]
 
 
@@ -151,7 +168,7 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
     (MINIMAL + "  vocoder: {device: cpu}\n", "stages.vocoder: unknown key; allowed keys: talker, code2wav"),
     (MINIMAL + "connector: {chunk_frames: 4}\n",
      "connector.chunk_frames: unknown key; allowed keys: initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
-     "ring_slot_frames"),
+     "ring_slot_frames, kind, tcp_host, tcp_port"),
     (MINIMAL + "num_layers: 28\n", "num_layers: unknown key; allowed keys: stages, connector, sampling"),
     ("stages:\n  talker: {dtype: float32}\n  code2wav: {device: cpu}\n", "stages.talker.device: missing required key"),
     ("stages:\n  talker: {device: cpu}\n", "stages.code2wav: missing required key"),

@@ -193,7 +193,7 @@ class StageHarness:
         self.events.bind(f"ipc://{self.dir}/events")
         launch = StageLaunch(stage="talker", model_dir=str(TINY_BASE), device="cpu", dtype="float32",
                              max_batch_size=8, command_address=f"ipc://{self.dir}/talker",
-                             event_address=f"ipc://{self.dir}/events", ring=self.ring.spec)
+                             event_address=f"ipc://{self.dir}/events", connector=self.ring.spec)
         self.reader = ChunkReader(self.ring.spec)
         self.reader.start()
         self.stage = TalkerStage(launch)

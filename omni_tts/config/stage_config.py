@@ -11,6 +11,7 @@ Structs built directly in Python run only the cross-field checks in `__post_init
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -98,17 +99,37 @@ class StagesConfig(_Config):
 
 
 class ConnectorConfig(_Config):
-    """Shared-memory chunk ring between talker and code2wav; a frame is one step's 16 codes."""
+    """The chunk connector between talker and code2wav; a frame is one step's 16 codes.
+
+    kind shm: a shared-memory ring (both stages on this host). kind tcp: one TCP connection that code2wav binds at
+    tcp_host:tcp_port, so it can run on another host; ring_slots then bounds the chunks in flight the same way.
+    """
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2  # first chunk: low time-to-first-audio
     codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25  # every later chunk
-    ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256
+    ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
+    kind: Literal["shm", "tcp"] = "shm"
+    tcp_host: str | None = None  # kind tcp: an IP address of code2wav's host; None = 127.0.0.1
+    tcp_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None  # kind tcp: None or 0 = a free port
 
     def __post_init__(self) -> None:
         for name in ("initial_codec_chunk_frames", "codec_chunk_frames"):
             if getattr(self, name) > self.ring_slot_frames:
                 raise ValueError(f"{name}: must be <= ring_slot_frames ({self.ring_slot_frames}) so a chunk fits "
                                  f"in one ring slot, got {getattr(self, name)}")
+        if self.kind != "tcp":
+            for name in ("tcp_host", "tcp_port"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only used with kind: tcp (kind is {self.kind})")
+            return
+        if self.tcp_host is None:
+            msgspec.structs.force_setattr(self, "tcp_host", "127.0.0.1")
+        if self.tcp_port is None:
+            msgspec.structs.force_setattr(self, "tcp_port", 0)
+        try:
+            ipaddress.ip_address(self.tcp_host)
+        except ValueError:  # zmq binds an address, not a name
+            raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
 
 
 class DefaultSampling(_Config):

@@ -1,20 +1,23 @@
-"""Stage-to-stage transports. ``shm_ring``: the shared-memory chunk ring (talker → code2wav)."""
+"""Stage-to-stage transports (talker → code2wav), one per kind behind one interface (``base``): ``shm_ring``, the
+shared-memory chunk ring for stages on one host, and ``tcp``, one pyzmq TCP connection for a code2wav on another
+host. ``kinds`` maps a spec to its writer and reader."""
 
-from omni_tts.connectors.shm_ring import (
+from omni_tts.connectors.base import (
     FLAG_IS_CONTEXT,
     FLAG_IS_LAST,
     MAX_REQUEST_ID_BYTES,
     Chunk,
-    ChunkReader,
-    ChunkWriter,
+    ChunkReaderBase,
+    ChunkWriterBase,
     ReaderStats,
-    RingOwner,
-    RingSpec,
     WriterStats,
-    cleanup_stale_segments,
 )
+from omni_tts.connectors.kinds import ConnectorSpec, chunk_reader, chunk_writer
+from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingOwner, RingSpec, cleanup_stale_segments
+from omni_tts.connectors.tcp import TcpChunkReader, TcpChunkWriter, TcpOwner, TcpSpec
 
 __all__ = [
-    "FLAG_IS_CONTEXT", "FLAG_IS_LAST", "MAX_REQUEST_ID_BYTES", "Chunk", "ChunkReader", "ChunkWriter", "ReaderStats",
-    "RingOwner", "RingSpec", "WriterStats", "cleanup_stale_segments",
+    "FLAG_IS_CONTEXT", "FLAG_IS_LAST", "MAX_REQUEST_ID_BYTES", "Chunk", "ChunkReader", "ChunkReaderBase",
+    "ChunkWriter", "ChunkWriterBase", "ConnectorSpec", "ReaderStats", "RingOwner", "RingSpec", "TcpChunkReader",
+    "TcpChunkWriter", "TcpOwner", "TcpSpec", "WriterStats", "chunk_reader", "chunk_writer", "cleanup_stale_segments",
 ]

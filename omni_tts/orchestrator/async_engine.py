@@ -1,4 +1,4 @@
-"""The orchestrator: owns the stage processes, the ring and the sockets, and streams each request's audio.
+"""The orchestrator: owns the stage processes, the connector and the sockets, and streams each request's audio.
 
     async with AsyncTTSEngine(model_dir, load_stage_config("cpu_tiny")) as engine:
         async for chunk in engine.generate(SynthesisRequest(text="Hello.", voice="ryan")):
@@ -10,7 +10,7 @@ frame count and stage 1 the last audio. Cancelling the consumer aborts the reque
 
 Supervision: a stage that exits, reports a failure, stops sending heartbeats or stays inside one loop iteration
 too long (hung), and an exception in the event task, each take one path (`_pipeline_failed`): every in-flight
-request fails with `StageDeadError` at once, both stage processes are killed, and the pipeline (ring, sockets,
+request fails with `StageDeadError` at once, both stage processes are killed, and the pipeline (connector, sockets,
 stages) is started again after a backoff. New requests get `StageDeadError` (the server answers 503) until it is
 ready. More than `max_restarts` restarts within `restart_window` seconds and the engine gives up (`fatal`), so a
 process supervisor can take over. A consumer slower than its audio by more than `max_buffered_seconds` is failed
@@ -38,8 +38,9 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig, code2wav_lent_threads, stage_environment, stage_threads
-from omni_tts.connectors.shm_ring import RingOwner, cleanup_stale_segments
+from omni_tts.config import (ConnectorConfig, PipelineConfig, code2wav_lent_threads, stage_environment,
+                             stage_threads)
+from omni_tts.connectors import RingOwner, TcpOwner, cleanup_stale_segments
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
@@ -157,7 +158,7 @@ class AsyncTTSEngine:
         self.fatal: str | None = None       # why the engine gave up restarting
         self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
         self._restart_times: collections.deque[float] = collections.deque()
-        self._ring: RingOwner | None = None
+        self._connector: RingOwner | TcpOwner | None = None
         self._ipc_dir: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._events: zmq.asyncio.Socket | None = None
@@ -190,8 +191,7 @@ class AsyncTTSEngine:
         """Ring, control sockets and both stage processes; returns when both are ready."""
         conn, stages = self.pipeline.connector, self.pipeline.stages
         self._failed = False
-        self._ring = RingOwner.create(conn.ring_slots, conn.ring_slot_frames, self.config.talker.num_code_groups,
-                                      edge="codec")
+        self._connector = _create_connector(conn, self.config.talker.num_code_groups)
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_ctl_")
         self._events = self._ctx.socket(zmq.PULL)
         self._events.setsockopt(zmq.LINGER, 0)
@@ -208,7 +208,7 @@ class AsyncTTSEngine:
             address = f"ipc://{self._ipc_dir}/{name}"
             launch = StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
                                  max_batch_size=self.batch_sizes[name],
-                                 command_address=address, event_address=event_address, ring=self._ring.spec,
+                                 command_address=address, event_address=event_address, connector=self._connector.spec,
                                  initial_chunk_frames=conn.initial_codec_chunk_frames,
                                  chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
                                  log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
@@ -233,7 +233,7 @@ class AsyncTTSEngine:
             raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s") from None
 
     async def _stop_pipeline(self, graceful: bool) -> None:
-        """Stop the stages (gracefully, else kill them at once), then drop the ring, sockets and tasks."""
+        """Stop the stages (gracefully, else kill them at once), then drop the connector, sockets and tasks."""
         loop = asyncio.get_running_loop()
         for stage in self.stages.values():
             loop.remove_reader(stage.process.sentinel)
@@ -256,15 +256,15 @@ class AsyncTTSEngine:
         if self._events is not None:
             self._events.close(linger=0)
             self._events = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        if self._connector is not None:
+            self._connector.close()
+            self._connector = None
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
             self._ipc_dir = None
 
     async def shutdown(self) -> None:
-        """Stop the stages (gracefully, then by force), unlink the ring, close sockets and executors."""
+        """Stop the stages (gracefully, then by force), drop the connector, close sockets and executors."""
         if self._closed:
             return
         self._closed = True
@@ -688,3 +688,10 @@ def _stop_process(process: multiprocessing.Process) -> None:
     if process.is_alive():
         process.kill()
         process.join()
+
+
+def _create_connector(conn: ConnectorConfig, num_codebooks: int) -> RingOwner | TcpOwner:
+    """The talker → code2wav connector of the configured kind, created before either stage starts."""
+    if conn.kind == "tcp":
+        return TcpOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, conn.tcp_host, conn.tcp_port)
+    return RingOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, edge="codec")

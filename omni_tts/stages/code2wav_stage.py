@@ -1,4 +1,4 @@
-"""Stage 1 process: chunks from the shared-memory ring → batched streaming decode → audio to the orchestrator."""
+"""Stage 1 process: chunks from the connector → batched streaming decode → audio to the orchestrator."""
 from __future__ import annotations
 
 import collections
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from omni_tts.connectors.shm_ring import ChunkReader
+from omni_tts.connectors.kinds import chunk_reader
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_frame_budget
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 
@@ -34,8 +34,8 @@ class Code2WavStage:
         self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
-        self.reader = ChunkReader(launch.ring, condition=self.condition,  # ring arrivals wake the same loop
-                                  on_error=lambda e: self.io.thread_failed("connector", e))
+        self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop
+                                   on_error=lambda e: self.io.thread_failed("connector", e))
         self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)

@@ -5,7 +5,7 @@ import bisect
 
 import msgspec
 
-from omni_tts.connectors.shm_ring import RingSpec
+from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 
@@ -80,7 +80,7 @@ class AudioChunk(msgspec.Struct, tag=True):
 
 
 # bucket bounds (seconds) of the stages' histograms: an engine step takes ~1–20 ms on a GPU, 20 ms–1 s on a CPU; a
-# chunk crosses the ring in microseconds unless the receiving loop is busy with a step
+# chunk crosses the connector in microseconds unless the receiving loop is busy with a step
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 CONNECTOR_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -109,7 +109,7 @@ class StageStats(msgspec.Struct, tag=True):
     num_steps: int
     cpu_seconds: float
     step_durations: DurationHistogram          # time inside each engine step
-    connector_chunks: int = 0                  # code2wav: ring chunks received
+    connector_chunks: int = 0                  # code2wav: connector chunks received
     connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken
     prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
                                          # as many text tokens as the reference has frames)
@@ -142,7 +142,7 @@ class StageLaunch(msgspec.Struct):
     max_batch_size: int
     command_address: str             # the stage binds a PULL here
     event_address: str               # the orchestrator's PULL; the stage connects a PUSH
-    ring: RingSpec
+    connector: ConnectorSpec          # the talker → code2wav chunk connector, of the configured kind
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     max_model_len: int = 2048

@@ -1,4 +1,4 @@
-"""Stage 0 process: control messages → talker engine steps → frame chunks into the shared-memory ring.
+"""Stage 0 process: control messages → talker engine steps → frame chunks into the connector (shm ring / TCP).
 
 Base voice features are computed beside the loop (voice_features.py); the loop alone touches the engine. A request
 whose text is still arriving (AddRequest.text_open) enters the engine once its prefill's text is here (the first
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omni_tts.connectors.shm_ring import ChunkWriter
+from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
@@ -47,7 +47,7 @@ class TalkerStage:
                                    cuda_graphs=not launch.enforce_eager)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
-        self.writer = ChunkWriter(launch.ring, on_error=lambda e: self.io.thread_failed("connector", e))
+        self.writer = chunk_writer(launch.connector, on_error=lambda e: self.io.thread_failed("connector", e))
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
         self.chunkers: dict[str, FrameChunker] = {}
@@ -167,18 +167,19 @@ class TalkerStage:
     @torch.inference_mode()
     def _admit(self, m: AddRequest, prompt: TalkerPrompt, max_tokens: int, text_done: bool) -> None:
         """Embed the prompt (voice features filled in), queue it in the engine, and put any ICL context chunk
-        into the ring: before the request's first frame, which only a later step makes."""
+        into the connector: before the request's first frame, which only a later step makes."""
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, text_done)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, max_tokens, text_done))
         initial = m.initial_chunk_frames or self.launch.initial_chunk_frames
-        self.chunkers[m.request_id] = FrameChunker(min(initial, self.launch.ring.max_frames), self.launch.chunk_frames)
+        max_frames = self.launch.connector.max_frames
+        self.chunkers[m.request_id] = FrameChunker(min(initial, max_frames), self.launch.chunk_frames)
         self.seq[m.request_id] = 0
         self.prompt_rows[m.request_id] = prefill.shape[0]
         self.num_frames[m.request_id] = 0
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
             codes = prompt.ref_codes.cpu().numpy()
-            for start in range(0, codes.shape[0], self.launch.ring.max_frames):
-                self._put(m.request_id, codes[start:start + self.launch.ring.max_frames], False, True)
+            for start in range(0, codes.shape[0], max_frames):
+                self._put(m.request_id, codes[start:start + max_frames], False, True)
 
     def _put(self, request_id: str, codes: np.ndarray, is_last: bool, is_context: bool = False) -> None:
         self.writer.put(request_id, self.seq[request_id], codes, is_last, is_context)
