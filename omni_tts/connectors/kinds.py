@@ -1,16 +1,25 @@
-"""The connector kinds a stage config can name: the spec that travels in the launch message (a msgspec tagged union)
-and the writer and reader each spec stands for."""
+"""The connector kinds a stage config can name: the owner the orchestrator creates for each, the spec that travels in
+the launch message (a msgspec tagged union), and the writer and reader each spec stands for."""
 
 from __future__ import annotations
 
 import threading
 from typing import Callable
 
+from omni_tts.config import ConnectorConfig
 from omni_tts.connectors.base import ChunkReaderBase, ChunkWriterBase
-from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingSpec
-from omni_tts.connectors.tcp import TcpChunkReader, TcpChunkWriter, TcpSpec
+from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingOwner, RingSpec
+from omni_tts.connectors.tcp import TcpChunkReader, TcpChunkWriter, TcpOwner, TcpSpec
 
 ConnectorSpec = RingSpec | TcpSpec
+ConnectorOwner = RingOwner | TcpOwner
+
+
+def create_owner(conn: ConnectorConfig, num_codebooks: int) -> ConnectorOwner:
+    """The talker → code2wav connector of the configured kind, created before either stage starts."""
+    if conn.kind == "tcp":
+        return TcpOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, conn.tcp_host, conn.tcp_port)
+    return RingOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, edge="codec")
 
 
 def chunk_writer(spec: ConnectorSpec, on_error: Callable[[BaseException], None] | None = None) -> ChunkWriterBase:

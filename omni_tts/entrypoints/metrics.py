@@ -11,6 +11,7 @@ counters and histograms that never go down, across stage restarts as well, and s
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -158,15 +159,10 @@ class StageCollector:
             by_stage.setdefault(stage_name(key), []).append((key, totals))
         for name, pipelines in by_stage.items():
             steps.add_metric([name], sum(totals.steps for _, totals in pipelines))
-            durations = None
-            for _, totals in pipelines:
-                durations = _added(durations, totals.step_durations)
-            _histogram(step_seconds, [name], durations)
+            _histogram(step_seconds, [name], functools.reduce(_added, (t.step_durations for _, t in pipelines)))
             requests.add_metric([name], sum(len(totals.latest.request_ids) for key, totals in pipelines
                                             if key in self._answered))
-            connector = None
-            for _, totals in pipelines:
-                connector = _added(connector, totals.connector_latencies)
+            connector = functools.reduce(_added, (t.connector_latencies for _, t in pipelines))
             if connector is not None:  # the stage that receives from the ring
                 chunks.add_metric([], sum(totals.chunks for _, totals in pipelines))
                 _histogram(latency, [], connector)

@@ -38,9 +38,9 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import (ConnectorConfig, PipelineConfig, code2wav_lent_threads, stage_environment,
-                             stage_threads)
-from omni_tts.connectors import RingOwner, TcpOwner, cleanup_stale_segments
+from omni_tts.config import PipelineConfig, code2wav_lent_threads, stage_environment, stage_threads
+from omni_tts.connectors import cleanup_stale_segments
+from omni_tts.connectors.kinds import ConnectorOwner, create_owner
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
@@ -158,7 +158,7 @@ class AsyncTTSEngine:
         self.fatal: str | None = None       # why the engine gave up restarting
         self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
         self._restart_times: collections.deque[float] = collections.deque()
-        self._connector: RingOwner | TcpOwner | None = None
+        self._connector: ConnectorOwner | None = None
         self._ipc_dir: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._events: zmq.asyncio.Socket | None = None
@@ -191,7 +191,7 @@ class AsyncTTSEngine:
         """Ring, control sockets and both stage processes; returns when both are ready."""
         conn, stages = self.pipeline.connector, self.pipeline.stages
         self._failed = False
-        self._connector = _create_connector(conn, self.config.talker.num_code_groups)
+        self._connector = create_owner(conn, self.config.talker.num_code_groups)
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_ctl_")
         self._events = self._ctx.socket(zmq.PULL)
         self._events.setsockopt(zmq.LINGER, 0)
@@ -689,9 +689,3 @@ def _stop_process(process: multiprocessing.Process) -> None:
         process.kill()
         process.join()
 
-
-def _create_connector(conn: ConnectorConfig, num_codebooks: int) -> RingOwner | TcpOwner:
-    """The talker → code2wav connector of the configured kind, created before either stage starts."""
-    if conn.kind == "tcp":
-        return TcpOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, conn.tcp_host, conn.tcp_port)
-    return RingOwner.create(conn.ring_slots, conn.ring_slot_frames, num_codebooks, edge="codec")
