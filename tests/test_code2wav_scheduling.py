@@ -22,8 +22,8 @@ def chunk(frames: int, **flags) -> CodecChunk:
     return CodecChunk(np.arange(frames * 16).reshape(frames, 16), **flags)
 
 
-def scheduler(max_batch_size: int = 8, max_frames: int | None = 16) -> Code2WavScheduler:
-    return Code2WavScheduler(max_batch_size, max_frames, FRAME_SECONDS)
+def scheduler(max_batch_size: int = 8, max_frames: int | None = 16, lanes: int = 1) -> Code2WavScheduler:
+    return Code2WavScheduler(max_batch_size, max_frames, FRAME_SECONDS, lanes)
 
 
 def step(s: Code2WavScheduler, now: float) -> list[tuple[str, int]]:
@@ -153,22 +153,23 @@ def test_abort_drops_pending_and_split_chunks():
     assert step(s, 3.0) == []
 
 
-def test_all_generated_once_every_request_has_its_last_chunk():
-    """code2wav borrows the talker's threads exactly while the talker has nothing left to generate for it."""
-    s = scheduler(max_frames=4)
-    assert s.all_generated()                      # nothing registered
-    s.add_request("a", 0.0)
-    assert not s.all_generated()                  # registered before the talker starts it
-    s.add_chunk("a", chunk(10, is_last=True))
-    assert s.all_generated()                      # still decoding, but generated
-    s.add_request("b", 0.5)
-    s.add_chunk("b", chunk(2))
-    assert not s.all_generated()                  # b is still being generated
-    s.abort("b")
-    assert s.all_generated()
-    while s.has_work():
-        step(s, 1.0)
-    assert s.all_generated() and not s.requests
+def test_lanes_fill_in_deadline_order_each_within_the_budget():
+    s = scheduler(max_batch_size=8, max_frames=4, lanes=2)
+    for i, frames in enumerate([1, 25, 2, 2, 9]):
+        s.add_request(f"r{i}", float(i))
+        s.add_chunk(f"r{i}", chunk(frames))
+    batch = s.schedule()
+    assert [(p.request_id, p.num_frames, p.lane) for p in batch] == [
+        ("r0", 1, 0), ("r1", 3, 0), ("r2", 2, 1), ("r3", 2, 1)]   # r4 waits: both lanes' budgets are spent
+    s.postprocess(batch, 10.0)
+    batch = s.schedule()                   # r1's deadline is still its arrival (its chunk is not done): first
+    assert [(p.request_id, p.num_frames, p.lane) for p in batch] == [("r1", 4, 0), ("r4", 4, 1)]
+    one_lane = scheduler(max_batch_size=8, max_frames=4, lanes=1)
+    one_lane.add_request("a", 0.0)
+    one_lane.add_request("b", 1.0)
+    one_lane.add_chunk("a", chunk(4))
+    one_lane.add_chunk("b", chunk(4))
+    assert step(one_lane, 1.0) == [("a", 4)]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -181,13 +182,13 @@ def decoder() -> SpeechDecoder:
     return load_component(lambda: SpeechDecoder(cfg), variant / "speech_tokenizer", "decoder.")
 
 
-@pytest.mark.parametrize("max_frames", [None, 3, 16])
-def test_engine_audio_equals_one_pass_decode(decoder, max_frames):
+@pytest.mark.parametrize("max_frames,lanes", [(None, 1), (3, 1), (16, 1), (3, 2), (5, 3)])
+def test_engine_audio_equals_one_pass_decode(decoder, max_frames, lanes):
     rng = np.random.default_rng(0)
     schedules = [[2, 25, 25, 3], [1, 7], [25], [2, 25, 0], [5, 5, 5, 5, 5], [2, 9, 25, 25, 1], [3], [2, 14, 25, 8],
                  [2, 2, 2], [25, 25], [6, 1, 1, 1], [2, 25, 25, 25]]
     context = {1: 11, 7: 30}               # ICL requests: reference codes first, decoded but not emitted
-    engine = Code2WavEngine(decoder, max_batch_size=4, max_frames_per_step=max_frames)
+    engine = Code2WavEngine(decoder, max_batch_size=4, max_frames_per_step=max_frames, lanes=lanes)
     codes = {i: rng.integers(0, decoder.cfg.codebook_size, (context.get(i, 0) + sum(s), 16))
              for i, s in enumerate(schedules)}
     queued = {i: 0 for i in codes}

@@ -15,7 +15,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from conftest import FIXTURES
+from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
 from omni_tts.audio.encoding import to_int16
 from omni_tts.config import load_stage_config, stage_threads
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
@@ -438,7 +438,7 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
                            "--max-queue", "1")
     try:
-        long_request = dict(model=MODEL, voice="ryan", input="A long one.", response_format="pcm", stream=True,
+        long_request = dict(model=MODEL, voice="ryan", input=RUNS_TO_ITS_LIMIT, response_format="pcm", stream=True,
                             temperature=0, repetition_penalty=1.0, max_new_tokens=2000)
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         conn.request("POST", "/v1/audio/speech", json.dumps(long_request), {"Content-Type": "application/json"})

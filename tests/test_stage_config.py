@@ -14,7 +14,7 @@ from omni_tts.config import (
     TalkerStageConfig,
     available_cpus,
     available_stage_configs,
-    code2wav_lent_threads,
+    code2wav_lanes,
     default_stage_config_path,
     load_stage_config,
     parse_stage_config,
@@ -226,23 +226,23 @@ def test_direct_construction_runs_cross_field_checks():
         ConnectorConfig(codec_chunk_frames=65)
 
 
-@pytest.mark.parametrize("cpus,talker,code2wav,expected,lent", [
-    (1, "", "", {"talker": 1, "code2wav": 1}, 1),
-    (2, "", "", {"talker": 1, "code2wav": 1}, 1),       # the API runs beside the stages (they sit at niceness 5)
+@pytest.mark.parametrize("cpus,talker,code2wav,expected,lanes", [
+    (1, "", "", {"talker": 1, "code2wav": 1}, 2),
+    (2, "", "", {"talker": 1, "code2wav": 1}, 2),       # the API runs beside the stages (they sit at niceness 5)
     (4, "", "", {"talker": 1, "code2wav": 2}, 1),       # one core kept for the API, the odd one to code2wav
-    (16, "", "", {"talker": 7, "code2wav": 8}, 7),
-    (16, "threads: 3", "", {"talker": 3, "code2wav": 12}, 3),
-    (16, "threads: 3", "threads: 5", {"talker": 3, "code2wav": 5}, 3),
-    (16, "device: cuda", "", {"talker": 1, "code2wav": 15}, 0),   # a GPU talker's host thread lends nothing
-    (16, "device: cuda", "device: cuda", {"talker": 1, "code2wav": 1}, 0),
+    (16, "", "", {"talker": 7, "code2wav": 8}, 1),      # the talker's 7 cores fund no whole 8-thread lane
+    (16, "threads: 8", "threads: 4", {"talker": 8, "code2wav": 4}, 3),
+    (16, "threads: 3", "threads: 5, lanes: 3", {"talker": 3, "code2wav": 5}, 3),
+    (16, "device: cuda", "", {"talker": 1, "code2wav": 15}, 1),   # a GPU talker's host thread funds no lane
+    (16, "device: cuda", "device: cuda", {"talker": 1, "code2wav": 1}, 1),
 ])
-def test_thread_budget(cpus, talker, code2wav, expected, lent):
+def test_thread_budget(cpus, talker, code2wav, expected, lanes):
     def stage(extra):
         return "{" + ", ".join(p for p in ("device: cpu" if "device" not in extra else "", extra) if p) + "}"
     cfg = parse_stage_config(f"stages:\n  talker: {stage(talker)}\n  code2wav: {stage(code2wav)}\n", SRC)
     threads = stage_threads(cfg, cpus)
     assert threads == expected
-    assert code2wav_lent_threads(cfg, threads) == lent
+    assert code2wav_lanes(cfg, threads) == lanes
 
 
 @pytest.mark.parametrize("user_value", [None, "ACTIVE"])

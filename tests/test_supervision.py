@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests
+from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests
 from omni_tts.config import load_stage_config
 from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, RequestTimedOut, StageDeadError
@@ -249,8 +249,8 @@ def test_request_deadlines_end_and_abort_the_request():
             assert late.value.before_first_audio
             await wait_until_no_stage_holds_requests(engine)
             chunks = []
-            endless = SynthesisRequest(text="A long one.", voice="ryan", sampling=SamplingParams(
-                temperature=0, repetition_penalty=1.0, max_new_tokens=2000))  # runs to its limit: many seconds
+            endless = SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan", sampling=SamplingParams(
+                temperature=0, repetition_penalty=1.0, max_new_tokens=2000))
             with pytest.raises(RequestTimedOut, match="did not finish within 0.5 s") as long:
                 async for chunk in engine.generate(endless, first_audio_timeout=30, timeout=0.5):
                     chunks.append(chunk)
@@ -296,7 +296,7 @@ def _talker_steps(port: int) -> float:
 def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", "m")
     try:
-        body = json.dumps({"model": "m", "voice": "ryan", "input": "A long one.", "response_format": "pcm",
+        body = json.dumps({"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "pcm",
                            "stream": True, "temperature": 0, "repetition_penalty": 1.0, "max_new_tokens": 2000})
         streaming = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         streaming.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})

@@ -87,6 +87,9 @@ class Code2WavStageConfig(_Config):
     # codec frames decoded in one call (summed over the batch); None = measured for the device at start-up
     max_frames_per_step: PositiveInt | None = None
     threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
+    # decoder calls that run at once, each on its own thread with `threads` torch threads, each within the frame
+    # budget; None = 1, plus a lane per code2wav-sized share of the talker's cores when both stages use the CPU
+    lanes: PositiveInt | None = None
 
 
 class StagesConfig(_Config):

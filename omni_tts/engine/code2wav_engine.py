@@ -4,13 +4,15 @@ Each registered request owns a `DecoderStreamState`. A step is schedule → deco
 (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
 equal length share one batched decoder call (rows at different stream offsets), and each piece returns only its
 new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces prime the
-state and emit nothing. A request's state is freed at its last chunk or on abort. `measure_frame_budget` sizes
-the frame budget for the device at stage start.
+state and emit nothing. A request's state is freed at its last chunk or on abort. With several lanes, each lane's
+calls run on their own thread at the same time as the others' (torch releases the GIL inside its ops).
+`measure_frame_budget` sizes the per-call frame budget for the device at stage start.
 """
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,11 +47,14 @@ class Code2WavEngine:
     `max_frames_per_step` None means no frame budget (benchmarks time whole batches of chunks).
     """
 
-    def __init__(self, decoder: SpeechDecoder, max_batch_size: int, max_frames_per_step: int | None = None) -> None:
+    def __init__(self, decoder: SpeechDecoder, max_batch_size: int, max_frames_per_step: int | None = None,
+                 lanes: int = 1) -> None:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
         self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step,
-                                           decoder.samples_per_frame / TARGET_SAMPLE_RATE)
+                                           decoder.samples_per_frame / TARGET_SAMPLE_RATE, lanes)
+        # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
+        self.lane_pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="code2wav-lane") if lanes > 1 else None
         self.states: dict[str, DecoderStreamState] = {}
         self.partial_audio: dict[str, list[np.ndarray]] = {}  # a split chunk's audio leaves whole, as cut
         self.num_steps = 0
@@ -105,21 +110,34 @@ class Code2WavEngine:
         return outputs
 
     def _decode(self, batch: list[ScheduledPiece]) -> list[np.ndarray]:
-        """Each piece's new samples; pieces of equal length share one decoder call."""
+        """Each piece's new samples; the lanes run at once, and a lane's pieces of equal length share one call."""
         audio: list[np.ndarray] = [np.zeros(0, np.float32)] * len(batch)
-        groups: dict[int, list[int]] = {}
+        lanes: dict[int, dict[int, list[int]]] = {}  # lane -> piece length -> batch indices
         for i, piece in enumerate(batch):
             if piece.num_frames:
-                groups.setdefault(piece.num_frames, []).append(i)
-        for rows in groups.values():
+                lanes.setdefault(piece.lane, {}).setdefault(piece.num_frames, []).append(i)
+        calls = [list(groups.values()) for groups in lanes.values()]
+        others = [self.lane_pool.submit(self._decode_lane, batch, lane) for lane in calls[1:]]
+        results = [self._decode_lane(batch, calls[0])] if calls else []
+        results += [future.result() for future in others]
+        for lane in results:
+            for i, samples, row_state in lane:
+                self.states[batch[i].request_id] = row_state
+                audio[i] = samples
+        return audio
+
+    @torch.inference_mode()  # per thread: a lane thread enters it itself
+    def _decode_lane(self, batch: list[ScheduledPiece], calls: list[list[int]]
+                     ) -> list[tuple[int, np.ndarray, DecoderStreamState]]:
+        """One lane's decoder calls in turn: (batch index, new samples, advanced state) per piece."""
+        out = []
+        for rows in calls:
             codes = torch.from_numpy(np.stack([batch[i].codes for i in rows]).astype(np.int64))
             codes = codes.transpose(1, 2).to(self.device)                           # [B, 16, F]
             state = DecoderStreamState.stack([self.states[batch[i].request_id] for i in rows])
             wav = self.decoder.decode_chunk(codes, state).float().cpu().numpy()     # [B, F * samples_per_frame]
-            for i, row_state, samples in zip(rows, state.unbind(), wav):
-                self.states[batch[i].request_id] = row_state
-                audio[i] = samples
-        return audio
+            out += zip(rows, wav, state.unbind())
+        return out
 
 
 @torch.inference_mode()

@@ -7,11 +7,13 @@ deadline is its arrival time: earlier than that of every stream still ahead of p
 it. A waiting request's deadline never moves and later arrivals get later ones, so no request starves.
 
 Each step takes requests in deadline order, each contributing one piece of its oldest pending chunk, until the
-per-call frame budget (frames summed over the batch) is spent or `max_batch_size` requests are in. A chunk longer
-than the budget left is split: the streaming decoder is exact for any split, so a piece costs only a call, while a
-bounded call bounds how long a new request's first chunk waits behind the other streams' 25-frame chunks. The
-first piece of a step always gets at least one frame. A split chunk's audio still leaves whole when its last piece
-is decoded (the engine joins the pieces), so clients see the chunks the talker cut, and the clock advances then.
+per-call frame budget (frames summed over the batch) of every lane is spent or `max_batch_size` requests are in.
+Lanes are decoder calls that run at once (the engine gives each its own thread); they fill in turn, so the most
+urgent pieces share lane 0 and a request is in one lane per step. A chunk longer than the budget left is split: the
+streaming decoder is exact for any split, so a piece costs only a call, while a bounded call bounds how long a new
+request's first chunk waits behind the other streams' 25-frame chunks. The first piece of a lane always gets at
+least one frame. A split chunk's audio still leaves whole when its last piece is decoded (the engine joins the
+pieces), so clients see the chunks the talker cut, and the clock advances then.
 
 Context chunks (ICL reference codes) prime the decoder state, emit no audio and do not start the clock. No torch
 here: the engine decodes the batch.
@@ -39,6 +41,7 @@ class ScheduledPiece:
     chunk: CodecChunk
     start: int
     end: int
+    lane: int = 0              # which of the step's concurrent decoder calls takes it
 
     @property
     def codes(self) -> np.ndarray:
@@ -67,12 +70,11 @@ class Code2WavRequest:
         self.num_taken = 0               # frames of chunks[0] already scheduled (a chunk may span steps)
         self.deadline = arrival_time     # monotonic seconds when its player runs (or ran) dry
         self.has_audio = False
-        self.generated = False           # its last chunk has arrived: the talker has nothing left to make for it
 
-    def take(self, max_frames: int) -> ScheduledPiece:
+    def take(self, max_frames: int, lane: int) -> ScheduledPiece:
         """The next at most `max_frames` frames of the oldest chunk."""
         chunk, start = self.chunks[0], self.num_taken
-        piece = ScheduledPiece(self.request_id, chunk, start, min(chunk.codes.shape[0], start + max_frames))
+        piece = ScheduledPiece(self.request_id, chunk, start, min(chunk.codes.shape[0], start + max_frames), lane)
         if piece.ends_chunk:
             self.chunks.popleft()
         self.num_taken = 0 if piece.ends_chunk else piece.end
@@ -82,12 +84,15 @@ class Code2WavRequest:
 class Code2WavScheduler:
     """Owns the requests' chunk queues and playback clocks; `schedule` picks a step's pieces, `postprocess` books them.
 
-    `max_frames_per_step` None means no frame budget (whole chunks of up to `max_batch_size` requests per step).
+    `max_frames_per_step` None means no frame budget (whole chunks of up to `max_batch_size` requests per step, in
+    one lane); otherwise it bounds each of the `lanes` calls of a step.
     """
 
-    def __init__(self, max_batch_size: int, max_frames_per_step: int | None, frame_seconds: float) -> None:
+    def __init__(self, max_batch_size: int, max_frames_per_step: int | None, frame_seconds: float,
+                 lanes: int = 1) -> None:
         self.max_batch_size = max_batch_size
         self.max_frames_per_step = sys.maxsize if max_frames_per_step is None else max_frames_per_step
+        self.lanes = lanes
         self.frame_seconds = frame_seconds   # audio seconds per codec frame
         self.requests: dict[str, Code2WavRequest] = {}
 
@@ -101,7 +106,6 @@ class Code2WavScheduler:
         if request is None:
             return False
         request.chunks.append(chunk)
-        request.generated |= chunk.is_last
         return True
 
     def abort(self, request_id: str) -> bool:
@@ -110,19 +114,17 @@ class Code2WavScheduler:
     def has_work(self) -> bool:
         return any(request.chunks for request in self.requests.values())
 
-    def all_generated(self) -> bool:
-        """Every request's last chunk has arrived: the talker is generating for none of them."""
-        return all(request.generated for request in self.requests.values())
-
     def schedule(self) -> list[ScheduledPiece]:
         # sorted() is stable and the dict keeps arrival order: equal deadlines go in arrival order
         ready = sorted((r for r in self.requests.values() if r.chunks), key=lambda r: r.deadline)
         batch: list[ScheduledPiece] = []
-        budget = self.max_frames_per_step
+        lane, budget = 0, self.max_frames_per_step
         for request in ready[:self.max_batch_size]:
             if budget == 0:
-                break
-            batch.append(request.take(budget))
+                lane, budget = lane + 1, self.max_frames_per_step
+                if lane == self.lanes:
+                    break
+            batch.append(request.take(budget, lane))
             budget -= batch[-1].num_frames
         return batch
 

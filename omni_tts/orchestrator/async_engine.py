@@ -38,7 +38,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig, code2wav_lent_threads, stage_environment, stage_threads
+from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
 from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, create_owner
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
@@ -217,7 +217,7 @@ class AsyncTTSEngine:
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
                                     if name == "talker"
                                     else {"max_frames_per_step": cfg.max_frames_per_step,
-                                          "lent_threads": code2wav_lent_threads(self.pipeline, self.threads)}))
+                                          "lanes": code2wav_lanes(self.pipeline, self.threads)}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)
             with stage_environment(name):

@@ -29,9 +29,9 @@ class Code2WavStage:
         max_frames = launch.max_frames_per_step
         if max_frames is None:
             max_frames = measure_frame_budget(tts.decoder, launch.chunk_frames, launch.max_batch_size)
-        logger.info("code2wav: %d frames per decoder call (%s)", max_frames,
-                    "measured" if launch.max_frames_per_step is None else "configured")
-        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames)
+        logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", max_frames,
+                    "measured" if launch.max_frames_per_step is None else "configured", launch.lanes)
+        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames, launch.lanes)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop
@@ -40,7 +40,6 @@ class Code2WavStage:
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0
-        self.threads, self.lent_threads = launch.threads, launch.lent_threads
 
     def run(self) -> None:
         self.reader.start()
@@ -71,18 +70,11 @@ class Code2WavStage:
                         self.io.send(AudioChunk(rid, b"", True, error=error))
                 self.reader.release(chunk)
             if self.engine.has_work():
-                self._set_threads()
                 started = time.perf_counter()
                 outputs = self.engine.step()
                 self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
                     self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
-
-    def _set_threads(self) -> None:
-        # the talker's cores idle once it has generated every request's last frame: decode on them too
-        threads = self.threads + (self.lent_threads if self.engine.scheduler.all_generated() else 0)
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
 
     def _abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -150,6 +150,6 @@ class StageLaunch(msgspec.Struct):
     max_text_tokens: int = 1024
     enforce_eager: bool = False      # talker: no CUDA graphs
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
-    lent_threads: int = 0            # code2wav: more threads while the talker generates for none of its requests
+    lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
