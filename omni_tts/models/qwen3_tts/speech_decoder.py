@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -168,7 +169,14 @@ class SnakeBeta(nn.Module):
         # the audio-rate temporaries updated in place: these activations are memory-bound on a CPU
         alpha = torch.exp(self.alpha)[None, :, None]
         scale = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
-        y = torch.sin(x * alpha)
+        y = x * alpha
+        if y.device.type == "cpu" and y.dtype == torch.float32:
+            # numpy's SIMD float32 sin is 2.6x torch's CPU sin (0.52 vs 1.37 ns per value on AVX-512), which was
+            # an eighth of a decoder call; the two differ by at most one unit in the last place
+            samples = y.numpy()
+            np.sin(samples, out=samples)
+        else:
+            y = y.sin_()
         return y.square_().mul_(scale).add_(x)
 
 
