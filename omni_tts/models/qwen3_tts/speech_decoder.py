@@ -145,8 +145,9 @@ class CausalConvTranspose1d(nn.Module):
         c_out, k = weight.shape[1], weight.shape[2]
         if k % s or x.shape[0] * x.shape[-1] > GEMM_MAX_INPUTS:
             return F.conv_transpose1d(x, weight, None, stride=s)
-        b, n, m = x.shape[0], x.shape[-1], k // s
-        z = torch.matmul(x.transpose(1, 2), weight.reshape(weight.shape[0], c_out * k))     # [B, n, C_out * k]
+        (b, c_in, n), m = x.shape, k // s
+        # one [B*n, C_in] GEMM: a batched matmul would broadcast (copy) the weight once per row
+        z = torch.mm(x.transpose(1, 2).reshape(b * n, c_in), weight.reshape(c_in, c_out * k))  # [B*n, C_out*k]
         z = z.view(b, n, c_out, m, s).permute(0, 2, 3, 1, 4)                              # [B, C_out, m, n, s]
         if m == 1:
             return z.reshape(b, c_out, n * s)
