@@ -91,3 +91,21 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
         np.testing.assert_array_equal(codes, expected.codes)
         np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
     assert talker.stats().num_running == 0 and code2wav.num_requests == 0
+
+
+@pytest.mark.parametrize("initial,size,frames,expected", [
+    (1, 25, 60, [1, 2, 4, 8, 16, 25, 4]),     # doubling from the first chunk, capped at the chunk size
+    (2, 25, 30, [2, 4, 8, 16]),              # the request ends mid-chunk: the remainder goes with the last frame
+    (30, 25, 80, [30, 25, 25]),              # a first chunk above the size: every later one is the size
+    (3, 8, 0, [0]),                          # ends without a frame: a bare end marker
+])
+def test_chunks_double_from_the_first_up_to_the_chunk_size(initial, size, frames, expected):
+    chunker = FrameChunker(initial, size)
+    sizes = []
+    for i in range(frames):
+        chunk = chunker.add(np.full(16, i), finished=i == frames - 1)
+        if chunk is not None:
+            sizes.append(chunk.shape[0])
+    if frames == 0:
+        sizes.append(chunker.add(None, finished=True).shape[0])
+    assert sizes == expected

@@ -108,7 +108,8 @@ class ConnectorConfig(_Config):
     tcp_host:tcp_port, so it can run on another host; ring_slots then bounds the chunks in flight the same way.
     """
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2  # first chunk: low time-to-first-audio
-    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25  # every later chunk
+    # later chunks double from the first up to this size (FrameChunker): the player's second packet comes early
+    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
     kind: Literal["shm", "tcp"] = "shm"
