@@ -101,13 +101,10 @@ class CausalConv1d(nn.Module):
         # x: [B, C_in, n] -> [B, C_out, n], or channels-last [B, C_in, 1, n] -> [B, C_out, 1, n] (see DecoderBlock)
         if self.history > 0:
             hist = state.conv[self.slot]                 # [B, C_in, history]
-            if x.dim() == 4:                             # cat keeps channels-last only if both inputs have it
-                hist_4d = hist[:, :, None].contiguous(memory_format=torch.channels_last)
-                x = torch.cat([hist_4d, x], dim=-1)
-                hist.copy_(x[:, :, 0, x.shape[-1] - self.history:])
-            else:
-                x = torch.cat([hist, x], dim=-1)                 # [B, C_in, history + n]
-                hist.copy_(x[..., x.shape[-1] - self.history:])  # cat made a new tensor: no aliasing
+            # cat keeps channels-last only if both inputs have it
+            past = hist[:, :, None].contiguous(memory_format=torch.channels_last) if x.dim() == 4 else hist
+            x = torch.cat([past, x], dim=-1)             # [B, C_in, (1,) history + n]
+            hist.copy_(x[..., x.shape[-1] - self.history:].flatten(2))  # cat made a new tensor: no aliasing
         conv = self.conv
         if x.dim() == 4:                                 # its memory is [B, 1, n, C_in]
             if conv.kernel_size[0] == 1:                 # a GEMM over the rows (conv2d: a slow path, NCHW out)
