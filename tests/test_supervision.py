@@ -18,7 +18,8 @@ import zmq
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests
 from omni_tts.config import load_stage_config
 from omni_tts.connectors.shm_ring import HEADER_BYTES
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestFailed, RequestTimedOut, StageDeadError
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from server_util import ServerProcess, stage_pids

@@ -10,7 +10,8 @@ from conftest import FIXTURES
 from omni_tts.config import load_stage_config
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine, RequestTimedOut, StageDeadError
+from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.types import RequestTimedOut, StageDeadError
 from test_supervision import RECOVERY_SECONDS, wait_until_no_stage_holds_requests
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz at 12.5 frames per second

@@ -327,7 +327,7 @@ def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSEng
     from aiohttp import web
 
     from omni_tts.entrypoints.server import AccessLogger, build_app
-    from omni_tts.orchestrator.async_engine import StageDeadError
+    from omni_tts.orchestrator.types import StageDeadError
 
     app = build_app(engine, config)
     try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so

@@ -43,7 +43,7 @@ from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore, Voi
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
+from omni_tts.orchestrator.types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.orchestrator.engine_protocol import TTSEngine
 from omni_tts.stages.protocol import StageStats
 

@@ -34,7 +34,7 @@ from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessa
 from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
-from omni_tts.orchestrator.async_engine import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
+from omni_tts.orchestrator.types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 
 from .server import (STATE, WS_PROTOCOL, Admission, ServerState, build_synthesis_request, check_output,
                      check_speech_request, encode_chunk, encode_whole, record_usage)

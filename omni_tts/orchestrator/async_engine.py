@@ -53,6 +53,8 @@ from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register, Shutdown,
                                       StageCommand, StageEvent, StageFailed, StageLaunch, StageStats, TalkerDone)
 
+from .types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError, Usage
+
 if TYPE_CHECKING:  # text_stream builds on this module
     from .text_stream import TextStream
 
@@ -61,41 +63,6 @@ logger = logging.getLogger(__name__)
 # how long an exited stage's StageFailed may take to arrive: the stage sends it before exiting, but the exit can be
 # seen first (process sentinel vs. the event socket)
 FAILURE_REPORT_GRACE = 0.5
-
-
-class StageDeadError(RuntimeError):
-    """A stage failed (or the engine is restarting / shut down): in-flight requests fail with this."""
-
-
-class RequestFailed(RuntimeError):
-    """A stage rejected or failed this request (the others keep running)."""
-
-
-class RequestTimedOut(RequestFailed):
-    """No first audio within `first_audio_timeout` (the server is overloaded) or no end within `timeout`."""
-
-    def __init__(self, message: str, before_first_audio: bool) -> None:
-        super().__init__(message)
-        self.before_first_audio = before_first_audio
-
-    def __reduce__(self):  # pickled whole: serve-ray sends it from a replica to the API process
-        return type(self), (str(self), self.before_first_audio)
-
-
-@dataclass
-class Usage:
-    input_tokens: int        # text tokens of the input
-    prompt_rows: int         # talker prefill positions
-    output_frames: int
-    audio_seconds: float
-    finish_reason: str       # "stop" | "length"
-
-
-@dataclass
-class GenerationChunk:
-    audio: np.ndarray        # float32 or int16 samples at 24 kHz
-    usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
-    replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk
 
 
 @dataclass

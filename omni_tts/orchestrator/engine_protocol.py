@@ -11,7 +11,7 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import GenerationChunk
+from .types import GenerationChunk
 
 
 class SpeechTextStream(Protocol):

@@ -26,7 +26,8 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import GenerationChunk, StageDeadError, load_prompts
+from .async_engine import load_prompts
+from .types import GenerationChunk, StageDeadError
 
 STATUS_POLL_SECONDS = 1.0
 

@@ -23,8 +23,10 @@ from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD_TOKENS
 from omni_tts.stages.protocol import AppendText
 
+from .types import GenerationChunk
+
 if TYPE_CHECKING:
-    from .async_engine import AsyncTTSEngine, GenerationChunk, _Request
+    from .async_engine import AsyncTTSEngine, _Request
 
 
 class TextStream:

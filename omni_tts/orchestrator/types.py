@@ -1,0 +1,47 @@
+"""What the front end hands its callers: the chunks of a request's audio, its usage, and the errors that end it.
+The HTTP layer maps these errors to statuses in one place (`entrypoints`); `RequestError` (bad input) comes from
+the prompt builder and is re-exported here so callers import every engine error from one module."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_tts.models.qwen3_tts.prompt import RequestError
+
+__all__ = ["GenerationChunk", "RequestError", "RequestFailed", "RequestTimedOut", "StageDeadError", "Usage"]
+
+
+class StageDeadError(RuntimeError):
+    """A stage failed (or the engine is restarting / shut down): in-flight requests fail with this."""
+
+
+class RequestFailed(RuntimeError):
+    """A stage rejected or failed this request (the others keep running)."""
+
+
+class RequestTimedOut(RequestFailed):
+    """No first audio within `first_audio_timeout` (the server is overloaded) or no end within `timeout`."""
+
+    def __init__(self, message: str, before_first_audio: bool) -> None:
+        super().__init__(message)
+        self.before_first_audio = before_first_audio
+
+    def __reduce__(self):  # pickled whole: serve-ray sends it from a replica to the API process
+        return type(self), (str(self), self.before_first_audio)
+
+
+@dataclass
+class Usage:
+    input_tokens: int        # text tokens of the input
+    prompt_rows: int         # talker prefill positions
+    output_frames: int
+    audio_seconds: float
+    finish_reason: str       # "stop" | "length"
+
+
+@dataclass
+class GenerationChunk:
+    audio: np.ndarray        # float32 or int16 samples at 24 kHz
+    usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
+    replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk
