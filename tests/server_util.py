@@ -38,7 +38,7 @@ class ServerProcess:
     output(): a pipe nobody reads would fill with the access log and stall the server."""
 
     def __init__(self, *args: str, env: dict[str, str | None] | None = None, command: list[str] | None = None,
-                 cwd: str | None = None, subcommand: str = "serve", startup_timeout: float = 120) -> None:
+                 cwd: str | None = None, subcommand: str = "serve", startup_timeout: float = 300) -> None:
         """env: variables to set, or to remove (None); command: what runs `serve` (default: this interpreter's
         `-m omni_tts.entrypoints.cli`); subcommand: `serve-ray` for that one."""
         self.port = free_port()

@@ -29,12 +29,22 @@ def build_wheel(out_dir: Path, work_dir: Path) -> Path:
     return wheel
 
 
+def see_installed_dependencies(venv: Path) -> None:
+    """Let `venv` import torch and the other dependencies from where this interpreter has them — a virtualenv, a
+    conda env or a system Python alike (`--system-site-packages` would give the base interpreter's, not a venv's).
+    The directories go in a .pth file, so they come after the venv's own site-packages: its wheel wins over this
+    interpreter's (editable) omni_tts, whose own .pth hooks are not run for directories listed this way."""
+    here = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    [site_packages] = (venv / "lib").glob("python*/site-packages")
+    (site_packages / "installed_dependencies.pth").write_text("\n".join(here) + "\n")
+
+
 def test_wheel_installed_outside_the_repository_serves(tmp_path):
     assert REPO not in tmp_path.parents
     wheel = build_wheel(tmp_path / "dist", tmp_path)
     venv = tmp_path / "venv"
-    # system site-packages: torch and the other dependencies, already installed, are found there
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    see_installed_dependencies(venv)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
                     "--no-index", "-q", str(wheel)], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"

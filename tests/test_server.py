@@ -6,6 +6,7 @@ import importlib.metadata
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from openai.types.audio import Voice, VoiceDeleted
-from server_util import ServerProcess, free_port, request
+from server_util import ServerProcess, free_port, request, stage_pids
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -351,7 +352,7 @@ def test_ready_line_access_log_and_version(cv_server):
     assert status == 200 and json.loads(version) == {"version": importlib.metadata.version("omni_tts")}
     speech_line = f'{headers["X-Request-Id"]} 127.0.0.1 "POST /v1/audio/speech" 200 '
     version_line = f'{version_headers["X-Request-Id"]} 127.0.0.1 "GET /version" 200 '
-    deadline = time.monotonic() + 5  # a line is written once its response has gone out
+    deadline = time.monotonic() + 30  # a line is written once its response has gone out
     while version_line not in (output := cv_server.output()) and time.monotonic() < deadline:
         time.sleep(0.05)
     ready = next(line for line in output.splitlines() if " ready: " in line)
@@ -444,11 +445,19 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
         conn.request("POST", "/v1/audio/speech", json.dumps(long_request), {"Content-Type": "application/json"})
         response = conn.getresponse()
         assert response.status == 200 and len(response.read(3840)) == 3840  # streaming has started
-        status, headers, body = request(server.url + "/v1/audio/speech", dict(long_request, stream=False))
-        assert status == 429 and headers.get("Retry-After") == "1"
-        assert json.loads(body)["error"]["type"] == "rate_limit_error"
-        conn.close()  # the client goes away mid-stream
-        deadline = time.monotonic() + 10
+        # the stages paused at its first audio: it cannot end (191 frames) until the test resumes them
+        stages = stage_pids(server.proc.pid)
+        for pid in stages:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            status, headers, body = request(server.url + "/v1/audio/speech", dict(long_request, stream=False))
+            assert status == 429 and headers.get("Retry-After") == "1"
+            assert json.loads(body)["error"]["type"] == "rate_limit_error"
+            conn.close()  # the client goes away mid-stream
+        finally:
+            for pid in stages:
+                os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (_metric(server, "omni_tts_stage_requests") or
                                                _metric(server, "omni_tts_in_flight")):
             time.sleep(0.2)

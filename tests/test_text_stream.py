@@ -92,23 +92,25 @@ def test_frames_made_before_the_text_runs_out_are_sent_at_once():
                     async for chunk in stream:
                         received.append(chunk.audio)
                 consumer = asyncio.create_task(consume())
+                # a frame per token of `first`, but the last (held back: the next piece might continue its word),
+                # the prefill's and one to spare; the chunk size (25) is above it, so only an early send gets them
+                # out while the talker waits for more text
+                frames_for_first = len(engine.prompts.tokenize(request(first)).text_ids) - 3
                 await stream.append(first)
-                await asyncio.sleep(3.0)  # the talker makes a frame per text token, then waits for more text
-                held_back = sum(a.size for a in received)
+
+                async def first_words_out():
+                    return sum(a.size for a in received) >= frames_for_first * SAMPLES_PER_FRAME
+                await wait_for(first_words_out, "the audio of the text so far, before more text", seconds=60)
                 await stream.append(rest)
                 await stream.finish()
                 await consumer
-            # a frame per token of `first`, but the last (held back: the next piece might continue its word), the
-            # prefill's and one to spare; the chunk size (25) is above it, so only an early send gets them out
-            frames_for_first = len(engine.prompts.tokenize(request(first)).text_ids) - 3
-            assert held_back >= frames_for_first * SAMPLES_PER_FRAME, (held_back, frames_for_first)
             audio = np.concatenate(received)
             assert audio.shape == expected.shape
             np.testing.assert_allclose(audio, expected, atol=1e-5, rtol=0)
     asyncio.run(main())
 
 
-async def wait_for(condition, what: str, seconds: float = 5.0) -> None:
+async def wait_for(condition, what: str, seconds: float = 60.0) -> None:
     """condition: an async function returning whether what the test waits for is there."""
     deadline = asyncio.get_running_loop().time() + seconds
     while not await condition():
