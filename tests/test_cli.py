@@ -107,6 +107,20 @@ def test_missing_device_is_named_before_any_stage_starts(tmp_path):
     assert_one_line_error(result, 2, f"device {absent} of stage code2wav does not exist (torch sees ")
 
 
+@pytest.mark.parametrize("sampling,message", [
+    ("{temperature: 1000}", "sampling.temperature: must be a number in [0, 100] or null, got 1000"),
+    ("{max_new_tokens: 1}", "sampling.max_new_tokens: must be an integer in 2..8192 or null, got 1"),
+])
+def test_sampling_default_out_of_range_fails_at_start_naming_the_key(tmp_path, sampling, message):
+    """A YAML default no request could send is refused when the server starts, not answered later as a 400 about a
+    field the client never sent (or a 500)."""
+    layout = tmp_path / "bad_sampling.yaml"
+    layout.write_text(f"stages:\n  talker: {{device: cpu}}\n  code2wav: {{device: cpu}}\nsampling: {sampling}\n")
+    result = run_cli("serve", "--port", str(free_port()), "--model", str(FIXTURES / "tiny-custom-voice"),
+                     "--stage-config", str(layout))
+    assert_one_line_error(result, 2, f"{layout}: {message}")
+
+
 @pytest.mark.parametrize("damage", ["missing", "config"])
 def test_unloadable_model_is_one_line(damage, tmp_path):
     model = tmp_path / "model"

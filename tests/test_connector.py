@@ -17,6 +17,8 @@ import pytest
 
 from omni_tts.connectors import (ChunkReader, ChunkWriter, ConnectorSpec, RingOwner, TcpChunkReader, TcpChunkWriter,
                                  TcpOwner, TcpSpec, chunk_reader, chunk_writer, cleanup_stale_segments)
+from omni_tts.connectors.base import connect, unbounded_socket
+from omni_tts.connectors.tcp import SECRET_ENV, curve_keys, writer_socket
 
 CTX = mp.get_context("spawn")
 NUM_CODEBOOKS = 16
@@ -381,7 +383,8 @@ def test_tcp_port_is_held_from_the_owner_until_its_close():
         owner.close()
     owner.close()  # idempotent
     assert bindable(spec.port)
-    assert TcpSpec(host="::1", port=7100, num_slots=1, max_frames=1, num_codebooks=1).address == "tcp://[::1]:7100"
+    assert TcpSpec(host="::1", port=7100, num_slots=1, max_frames=1, num_codebooks=1, secret="").address == (
+        "tcp://[::1]:7100")
     with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 address"):
         TcpOwner.create(num_slots=2, max_frames=4, host="localhost")
 
@@ -398,8 +401,7 @@ def test_tcp_unreadable_message_frees_its_slot_and_is_reported():
     header = struct.Struct("<4sIqqII")  # the wire header, spelled out: the test pins the format
     with TcpOwner.create(num_slots=4, max_frames=4) as owner, zmq.Context() as ctx:
         spec = owner.spec
-        writer = ctx.socket(zmq.DEALER)
-        writer.connect(spec.address)
+        writer = writer_socket(ctx, spec)
         errors, reported = [], threading.Semaphore(0)
 
         def on_error(e: BaseException) -> None:
@@ -424,3 +426,106 @@ def test_tcp_unreadable_message_frees_its_slot_and_is_reported():
             assert not writer.poll(200)  # it named no slot: nothing to give back
             assert reader.get(timeout=0.2) is None and reader.stats().slots_held == 0
         writer.close(linger=0)
+
+
+HANDSHAKE_OUTCOMES = ("HANDSHAKE_SUCCEEDED", "HANDSHAKE_FAILED_NO_DETAIL", "HANDSHAKE_FAILED_PROTOCOL",
+                      "HANDSHAKE_FAILED_AUTH")
+
+
+def stray_peer(ctx, spec: TcpSpec, keys: str):
+    """A DEALER that connects to the reader without the pipeline's secret, and its monitor (attached before the
+    connect, so no handshake event is missed). `keys`: "none" (no CURVE), "wrong" (both key pairs from another
+    secret) or "guessed" (the reader's public key, which a stray might learn, with a key pair of its own)."""
+    import zmq
+
+    sock = unbounded_socket(ctx, zmq.DEALER)
+    if keys == "wrong":
+        sock.curve_publickey, sock.curve_secretkey = curve_keys("0" * 64, "writer")
+        sock.curve_serverkey = curve_keys("0" * 64, "reader")[0]
+    elif keys == "guessed":
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.curve_serverkey = curve_keys(spec.secret, "reader")[0]
+    monitor = sock.get_monitor_socket()
+    return connect(sock, spec.address), monitor
+
+
+def handshake_outcome(monitor) -> str:
+    """How the peer's first handshake ended, as the zmq event name (waits for it: the reader may bind later)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    outcomes = {getattr(zmq, f"EVENT_{name}"): name for name in HANDSHAKE_OUTCOMES}
+    while monitor.poll(WAIT_S * 1000):
+        event = recv_monitor_message(monitor)["event"]
+        if event in outcomes:
+            return outcomes[event]
+    raise AssertionError("no handshake within WAIT_S")
+
+
+def test_tcp_stray_peers_take_no_credits(procs):
+    """Peers without the secret, connected before the talker's writer, never complete a handshake: they get no
+    release (a credit) and send no chunk, so with 2 slots the writer's traffic (which needs its credits back again
+    and again) all arrives intact. Before authentication, the reader's socket round-robined releases over them."""
+    import zmq
+
+    seed = 99
+    with TcpOwner.create(num_slots=2, max_frames=25) as owner, zmq.Context() as ctx:
+        results = CTX.Queue()
+        r = procs(reader_main, owner.spec, 8, results)
+        strays = [stray_peer(ctx, owner.spec, keys) for keys in ("none", "wrong", "guessed")]
+        outcomes = [handshake_outcome(monitor) for _, monitor in strays]  # which failure zmq names varies with timing
+        assert all(outcome.startswith("HANDSHAKE_FAILED") for outcome in outcomes), outcomes
+        with chunk_writer(owner.spec) as writer:
+            for chunk in traffic(seed):
+                writer.put(*chunk)
+            got = collect(results, 1)["reader"]
+            assert writer.flush(WAIT_S)
+        assert_exited_ok(r)
+        assert [sock.poll(0) for sock, _ in strays] == [0, 0, 0]
+        for sock, monitor in strays:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+    assert got == [digest(*c) for c in traffic(seed)]  # one writer, one connection: put order
+    assert writer.stats().chunks_written == len(got)
+
+
+def test_tcp_release_goes_back_to_the_connection_its_chunk_came_on():
+    """Two authenticated senders: each slot's release goes to the one that sent the chunk in it (a round-robin over
+    the peers would hand the second release to the wrong one)."""
+    import struct
+
+    import zmq
+
+    header = struct.Struct("<4sIqqII")
+    with TcpOwner.create(num_slots=4, max_frames=4) as owner, zmq.Context() as ctx:
+        spec = owner.spec
+        first, second = writer_socket(ctx, spec), writer_socket(ctx, spec)
+        with chunk_reader(spec) as reader:
+            for sock, slot in ((first, 0), (first, 1), (second, 2)):
+                sock.send_multipart([header.pack(b"otc1", slot, 0, 0, 0, 1) + f"r{slot}".encode(), b""])
+            chunks = sorted((reader.get(WAIT_S) for _ in range(3)), key=lambda c: c.slot)
+            assert [c.request_id for c in chunks] == ["r0", "r1", "r2"]
+            for chunk in chunks:
+                reader.release(chunk)
+            got = {name: [] for name in ("first", "second")}
+            for name, sock, count in (("first", first, 2), ("second", second, 1)):
+                while len(got[name]) < count and sock.poll(WAIT_S * 1000):
+                    got[name].append(struct.unpack("<I", sock.recv())[0])
+            assert got == {"first": [0, 1], "second": [2]}
+            assert first.poll(0) == second.poll(0) == 0
+        first.close(linger=0)
+        second.close(linger=0)
+
+
+def test_tcp_secret_is_per_pipeline_or_from_the_environment(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with TcpOwner.create(2, 4) as a, TcpOwner.create(2, 4) as b:
+        assert len(a.spec.secret) == 64 and a.spec.secret != b.spec.secret
+        assert a.spec.secret not in repr(a.spec)  # a logged spec never shows it
+    monkeypatch.setenv(SECRET_ENV, "s" * 40)
+    with TcpOwner.create(2, 4) as owner:
+        assert owner.spec.secret == "s" * 40
+    monkeypatch.setenv(SECRET_ENV, "short")
+    with pytest.raises(ValueError, match=f"{SECRET_ENV}: at least 32 characters"):
+        TcpOwner.create(2, 4)

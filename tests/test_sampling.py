@@ -1,4 +1,6 @@
 """Logits processing (reference order and semantics), parameter resolution and the token cap."""
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
                                                 _sample_candidates, _sample_sorted, exponential_noise,
                                                 resolve_sampling, warp_and_sample)
+from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults, SamplingError
 
 GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
        "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
@@ -29,11 +32,20 @@ def test_resolution_order_and_greedy_propagation():
     assert resolve_sampling(SamplingParams(seed=5), GEN).seed == 5
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.01), ("top_k", -1),
-                                         ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("seed", -1)])
+@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("temperature", 101.0), ("temperature", math.nan),
+                                         ("top_p", 0.0), ("top_p", 1.01), ("top_k", -1), ("repetition_penalty", 0.0),
+                                         ("max_new_tokens", 1), ("max_new_tokens", 8193), ("seed", -1)])
 def test_out_of_range_values_name_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
+    """The error carries the field (`param`), for the HTTP envelope: nobody parses it out of the message."""
+    with pytest.raises(SamplingError) as info:
         resolve_sampling(SamplingParams(**{field: value}), GEN)
+    assert info.value.param == field and str(info.value).startswith(f"{field}: ")
+
+
+def test_server_defaults_come_between_the_request_and_the_checkpoint():
+    defaults = SamplingDefaults(temperature=0.5, top_k=7)
+    r = resolve_sampling(SamplingParams(top_k=3, seed=1), GEN, defaults)
+    assert (r.temperature, r.top_k, r.top_p, r.seed) == (0.5, 3, 1.0, 1)
 
 
 def test_talker_processing_order():

@@ -8,7 +8,6 @@ from omni_tts.config import (
     STAGE_CONFIG_DIR,
     Code2WavStageConfig,
     ConnectorConfig,
-    DefaultSampling,
     PipelineConfig,
     StageConfigError,
     TalkerStageConfig,
@@ -22,6 +21,7 @@ from omni_tts.config import (
     stage_environment,
     stage_threads,
 )
+from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults
 
 SHIPPED = ["cpu_small", "cpu_tiny", "qwen3_tts_1gpu", "qwen3_tts_2gpu"]
 SRC = "stage_configs/x.yaml"
@@ -40,7 +40,7 @@ def test_shipped_configs_load():
     for name in available_stage_configs():
         cfg = load_stage_config(str(STAGE_CONFIG_DIR / f"{name}.yaml"))
         assert isinstance(cfg, PipelineConfig)
-        assert cfg.rows >= 1
+        assert cfg.stages.talker.num_cache_rows >= 1
 
 
 def test_shipped_layouts():
@@ -58,7 +58,7 @@ def test_shipped_layouts():
     assert (t.device, t.dtype, t.max_batch_size, t.max_model_len) == ("cuda:0", "bfloat16", 64, 4096)
     assert (c.device, c.dtype, c.max_batch_size) == ("cuda:0", "bfloat16", 64)
     assert (one.connector.initial_codec_chunk_frames, one.connector.codec_chunk_frames) == (1, 25)
-    assert one.rows == 64
+    assert one.stages.talker.num_cache_rows == 64
 
     two = load_stage_config("qwen3_tts_2gpu")
     assert (two.stages.talker.device, two.stages.code2wav.device) == ("cuda:0", "cuda:1")
@@ -69,18 +69,18 @@ def test_defaults_fill_in():
     t = cfg.stages.talker
     assert t == TalkerStageConfig(device="cpu", dtype="float32", max_batch_size=32, max_model_len=2048,
                                   kv_cache_tokens=32 * 2048, max_prefill_tokens_per_step=512, max_text_tokens=1024)
-    assert t.num_cache_rows == cfg.rows == 32
+    assert t.num_cache_rows == 32
     assert cfg.stages.code2wav == Code2WavStageConfig(device="cpu", dtype="float32", max_batch_size=32)
     assert cfg.connector == ConnectorConfig(initial_codec_chunk_frames=2, codec_chunk_frames=25, ring_slots=256,
                                             ring_slot_frames=64, kind="shm", tcp_host=None, tcp_port=None)
-    assert cfg.sampling == DefaultSampling()
+    assert cfg.sampling == SamplingDefaults()
     assert all(v is None for v in msgspec.structs.asdict(cfg.sampling).values())
 
 
 def test_kv_budget_rows_and_conversions():
     cfg = parse_stage_config(minimal("max_batch_size: 8, max_model_len: 100, kv_cache_tokens: 450",
                                      extra="sampling: {top_p: 1, temperature: 0}\n"), SRC)
-    assert cfg.stages.talker.num_cache_rows == cfg.rows == 4  # 450 // 100
+    assert cfg.stages.talker.num_cache_rows == 4  # 450 // 100
     assert cfg.sampling.top_p == 1.0 and isinstance(cfg.sampling.top_p, float)
     assert parse_stage_config(minimal("device: cuda"), SRC).stages.talker.device == "cuda"
     assert parse_stage_config(minimal("device: 'cuda:3'"), SRC).stages.talker.device == "cuda:3"
@@ -135,10 +135,16 @@ BAD = [
     ("", "", "sampling: {top_p: 0}\n", "sampling.top_p: must be a number in (0, 1] or null, got 0"),
     ("", "", "sampling: {subtalker_top_p: 1.5}\n",
      "sampling.subtalker_top_p: must be a number in (0, 1] or null, got 1.5"),
-    ("", "", "sampling: {temperature: -0.1}\n", "sampling.temperature: must be a number >= 0 or null, got -0.1"),
-    ("", "", "sampling: {repetition_penalty: 0}\n", "sampling.repetition_penalty: must be a number > 0 or null, got 0"),
-    ("", "", "sampling: {top_k: -1}\n", "sampling.top_k: must be an integer >= 0 or null, got -1"),
-    ("", "", "sampling: {max_new_tokens: 0}\n", "sampling.max_new_tokens: must be an integer >= 1 or null, got 0"),
+    ("", "", "sampling: {temperature: -0.1}\n",
+     "sampling.temperature: must be a number in [0, 100] or null, got -0.1"),
+    ("", "", "sampling: {temperature: 1000}\n",
+     "sampling.temperature: must be a number in [0, 100] or null, got 1000"),
+    ("", "", "sampling: {repetition_penalty: 0}\n",
+     "sampling.repetition_penalty: must be a number in (0, 100] or null, got 0"),
+    ("", "", "sampling: {top_k: -1}\n", "sampling.top_k: must be an integer in 0..2147483647 or null, got -1"),
+    ("", "", "sampling: {max_new_tokens: 1}\n", "sampling.max_new_tokens: must be an integer in 2..8192 or null, got 1"),
+    ("", "", "sampling: {seed: 1}\n", "sampling.seed: unknown key; allowed keys: temperature, top_k, top_p, "
+     "repetition_penalty, subtalker_temperature, subtalker_top_k, subtalker_top_p, max_new_tokens"),
     ("", "", "connector: 3\n",
      "connector: must be a mapping with keys initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
      "ring_slot_frames, kind, tcp_host, tcp_port, got 3"),

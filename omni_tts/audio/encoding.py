@@ -56,6 +56,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+
 __all__ = [
     "FORMATS",
     "LOSSLESS_FORMATS",
@@ -399,7 +401,7 @@ def streamable_formats() -> tuple[str, ...]:
     return FORMATS
 
 
-def create_stream_encoder(fmt: str, sample_rate: int = 24000) -> StreamEncoder:
+def create_stream_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> StreamEncoder:
     """A fresh :class:`StreamEncoder` for one streamed response in `fmt` (ValueError for unknown formats)."""
     fmt = normalize_format(fmt)
     if fmt not in streamable_formats():  # pragma: no cover - every format streams today

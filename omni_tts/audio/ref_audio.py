@@ -57,11 +57,10 @@ import soundfile as sf
 import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from omni_tts.models.qwen3_tts.audio import load_audio, resample_to
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE, load_audio, resample_to
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
 MAX_BYTES = 10 * 1024 * 1024
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
 MIN_SOURCE_RATE, MAX_SOURCE_RATE = 8000, 384000   # below 8 kHz is not speech audio; above is nonsense for a voice

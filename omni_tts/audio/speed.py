@@ -17,6 +17,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+
 __all__ = ["MAX_SPEED", "MIN_SPEED", "change_speed", "check_speed"]
 
 MIN_SPEED = 0.25
@@ -35,7 +37,7 @@ def check_speed(speed: float) -> float:
     return value
 
 
-def change_speed(samples: np.ndarray, speed: float, sample_rate: int = 24000) -> np.ndarray:
+def change_speed(samples: np.ndarray, speed: float, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Play mono `samples` `speed` times faster (speed < 1: slower) without changing pitch.
 
     Returns a new float32 array of ``round(len(samples) / speed)`` samples; ``speed == 1.0`` returns `samples`

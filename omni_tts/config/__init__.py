@@ -3,7 +3,6 @@ from omni_tts.config.stage_config import (
     STAGE_CONFIG_DIR,
     Code2WavStageConfig,
     ConnectorConfig,
-    DefaultSampling,
     PipelineConfig,
     StageConfigError,
     StagesConfig,
@@ -17,7 +16,7 @@ from omni_tts.config.stage_config import (
 from omni_tts.config.threads import available_cpus, code2wav_lanes, set_torch_threads, stage_environment, stage_threads
 
 __all__ = [
-    "STAGE_CONFIG_DIR", "Code2WavStageConfig", "ConnectorConfig", "DefaultSampling", "PipelineConfig",
+    "STAGE_CONFIG_DIR", "Code2WavStageConfig", "ConnectorConfig", "PipelineConfig",
     "StageConfigError", "StagesConfig", "TalkerStageConfig", "available_stage_configs", "default_stage_config_path",
     "load_stage_config", "parse_stage_config", "stage_config_from_dict", "available_cpus", "set_torch_threads",
     "code2wav_lanes", "stage_environment", "stage_threads",

@@ -21,8 +21,10 @@ import msgspec.inspect
 import msgspec.structs
 import yaml
 
+from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults
+
 __all__ = [
-    "Code2WavStageConfig", "ConnectorConfig", "DefaultSampling", "PipelineConfig", "StageConfigError",
+    "Code2WavStageConfig", "ConnectorConfig", "PipelineConfig", "StageConfigError",
     "StagesConfig", "TalkerStageConfig", "available_stage_configs", "default_stage_config_path",
     "load_stage_config", "parse_stage_config", "stage_config_from_dict", "STAGE_CONFIG_DIR",
 ]
@@ -32,10 +34,8 @@ STAGE_CONFIG_DIR = Path(__file__).resolve().parents[1] / "stage_configs"  # pack
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")]
 DType = Literal["float32", "bfloat16", "float16"]  # names of torch dtypes: getattr(torch, dtype)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-Probability = Annotated[float, msgspec.Meta(gt=0, le=1)]
-PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# the first codec chunk's frames, as a stage YAML defaults it and a request may set it (and it must fit a ring slot)
+InitialChunkFrames = Annotated[int, msgspec.Meta(ge=1, le=64)]
 
 
 class StageConfigError(ValueError):
@@ -107,7 +107,7 @@ class ConnectorConfig(_Config):
     kind shm: a shared-memory ring (both stages on this host). kind tcp: one TCP connection that code2wav binds at
     tcp_host:tcp_port, so it can run on another host; ring_slots then bounds the chunks in flight the same way.
     """
-    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2  # first chunk: low time-to-first-audio
+    initial_codec_chunk_frames: InitialChunkFrames = 2  # first chunk: low time-to-first-audio
     # later chunks double from the first up to this size (FrameChunker): the player's second packet comes early
     codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
@@ -136,27 +136,12 @@ class ConnectorConfig(_Config):
             raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
 
 
-class DefaultSampling(_Config):
-    """Server-wide sampling defaults; None = the checkpoint's generation_config.json. Requests override these."""
-    temperature: NonNegFloat | None = None  # 0 = greedy
-    top_k: NonNegInt | None = None  # 0 disables
-    top_p: Probability | None = None
-    repetition_penalty: PositiveFloat | None = None
-    subtalker_temperature: NonNegFloat | None = None
-    subtalker_top_k: NonNegInt | None = None
-    subtalker_top_p: Probability | None = None
-    max_new_tokens: PositiveInt | None = None
-
-
 class PipelineConfig(_Config):
     """The whole serving layout: one config per stage, the connector between them, sampling defaults."""
     stages: StagesConfig
     connector: ConnectorConfig = msgspec.field(default_factory=ConnectorConfig)
-    sampling: DefaultSampling = msgspec.field(default_factory=DefaultSampling)
-
-    @property
-    def rows(self) -> int:
-        return self.stages.talker.num_cache_rows
+    # server-wide sampling defaults (requests override them), with the bounds a request's fields have
+    sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
@@ -316,14 +301,16 @@ def _describe(info: msgspec.inspect.Type) -> str:
 
 
 def _bounds(info: Any) -> str:
-    low = (info.ge, "[", ">=") if info.ge is not None else (info.gt, "(", ">") if info.gt is not None else None
-    high = (info.le, "]", "<=") if info.le is not None else (info.lt, ")", "<") if info.lt is not None else None
+    def bound(value: Any, *marks: str) -> tuple[Any, ...] | None:
+        return None if value is None else (f"{value:g}" if isinstance(value, float) else value, *marks)
+    low = bound(info.ge, "[", ">=") or bound(info.gt, "(", ">")
+    high = bound(info.le, "]", "<=") or bound(info.lt, ")", "<")
     if low and high:
         if isinstance(info, msgspec.inspect.IntType) and low[1] == "[" and high[1] == "]":
             return f" in {low[0]}..{high[0]}"
         return f" in {low[1]}{low[0]}, {high[0]}{high[1]}"
-    bound = low or high
-    return f" {bound[2]} {bound[0]}" if bound else ""
+    either = low or high
+    return f" {either[2]} {either[0]}" if either else ""
 
 
 def _show(value: Any) -> str:

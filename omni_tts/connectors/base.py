@@ -4,7 +4,7 @@ both ends and the zmq thread helpers.
 A connector moves chunks from one writer (talker) to one reader (code2wav) with at most ``num_slots`` chunks in
 flight: the writer takes a free slot for each chunk it sends and gets it back when the reader calls ``release``.
 That bound is the back-pressure: while the reader holds every slot the writer's sender waits and ``put`` keeps
-queueing (``pending()`` is the engine's throttling signal), so what crosses the connector never exceeds
+queueing (``stats().pending`` counts what waits), so what crosses the connector never exceeds
 ``num_slots`` chunks. ``shm_ring`` keeps each slot's chunk in shared memory and sends only the slot index;
 ``tcp`` sends the chunk itself and the slot index is a credit.
 
@@ -132,11 +132,6 @@ class ChunkWriterBase:
             self._put += 1
             self._max_queued = max(self._max_queued, len(self._queue))
             self._wake_sender_locked()
-
-    def pending(self) -> int:
-        """Chunks put but not yet written into a slot (the engine's throttling signal)."""
-        with self._cv:
-            return len(self._queue)
 
     def stats(self) -> WriterStats:
         with self._cv:
@@ -330,9 +325,9 @@ def report(on_error: Callable[[BaseException], None] | None, exc: BaseException)
         on_error(exc)
 
 
-def connect(ctx: zmq.Context, kind: int, address: str, ipv6: bool = False) -> zmq.Socket:
-    """A socket connected to the peer's bound address (which may not exist yet); what it sends early is queued."""
-    sock = unbounded_socket(ctx, kind, ipv6)
+def connect(sock: zmq.Socket, address: str) -> zmq.Socket:
+    """`sock` (with its options set) connected to the peer's bound address (which may not exist yet); what it sends
+    early is queued."""
     # If we start before the peer binds, the first chunks wait for a reconnect: retry after
     # 10 ms instead of the default 100 ms, backing off to 1 s so a dead peer costs nothing.
     sock.setsockopt(zmq.RECONNECT_IVL, 10)

@@ -247,8 +247,7 @@ class ChunkWriter(ChunkWriterBase):
     each slot index; a release thread frees the slots the reader hands back.
 
     When every slot is held by the reader, the save thread waits on the Condition until a
-    release arrives (back-pressure) while ``put`` keeps queueing; watch ``pending()`` to
-    throttle the engine if the queue grows.
+    release arrives (back-pressure) while ``put`` keeps queueing (``stats().pending``).
     """
 
     spec: RingSpec
@@ -264,7 +263,7 @@ class ChunkWriter(ChunkWriterBase):
             raise RuntimeError("ChunkWriter already started")
         self._ring = _Ring(self.spec, writable_payload=True)
         self._ctx = zmq.Context(io_threads=1)
-        notify = connect(self._ctx, zmq.PUSH, self.spec.notify_address)
+        notify = connect(unbounded_socket(self._ctx, zmq.PUSH), self.spec.notify_address)
         release = unbounded_socket(self._ctx, zmq.PULL)
         release.bind(self.spec.release_address)
         self._wake_tx, wake_rx = wake_pair(self._ctx, "writer")
@@ -341,7 +340,7 @@ class ChunkReader(ChunkReaderBase):
         self._ctx = zmq.Context(io_threads=1)
         notify = unbounded_socket(self._ctx, zmq.PULL)
         notify.bind(self.spec.notify_address)
-        self._release_sock = connect(self._ctx, zmq.PUSH, self.spec.release_address)
+        self._release_sock = connect(unbounded_socket(self._ctx, zmq.PUSH), self.spec.release_address)
         self._wake_tx, wake_rx = wake_pair(self._ctx, "reader")
         self._threads = [threading.Thread(target=self._recv_loop, args=(notify, wake_rx), name="omni-tts-shm-recv",
                                           daemon=True)]

@@ -3,19 +3,25 @@
 Who does what
 -------------
 * The **owner** (the orchestrator) calls :meth:`TcpOwner.create` at start-up and passes ``owner.spec`` (a msgspec
-  :class:`TcpSpec`) to both stages. Given port 0 it picks a free port and holds it until :meth:`TcpOwner.close`
-  (a bound, not listening socket with SO_REUSEADDR, which the reader's listening socket may share), so no other
-  process takes the port before the reader binds it.
-* The **reader** (code2wav process) runs :class:`TcpChunkReader`: it binds a DEALER at ``spec.address``; one I/O
+  :class:`TcpSpec`, with the pipeline's secret) to both stages in their launch message. Given port 0 it picks a
+  free port and holds it until :meth:`TcpOwner.close` (a bound, not listening socket with SO_REUSEADDR, which the
+  reader's listening socket may share), so no other process takes the port before the reader binds it.
+* The **reader** (code2wav process) runs :class:`TcpChunkReader`: it binds a ROUTER at ``spec.address``; one I/O
   thread turns arriving messages into :class:`Chunk` objects whose ``codes`` are zero-copy views into the received
-  frame, and sends back the slots that ``release`` passes it over an inproc pipe (a zmq socket belongs to one
-  thread).
+  frame, and sends each slot that ``release`` passes it over an inproc pipe (a zmq socket belongs to one thread)
+  back to the connection its chunk came in on.
 * The **writer** (talker process) runs :class:`TcpChunkWriter`: ``put`` only enqueues; one I/O thread connects a
   DEALER, sends queued chunks while it holds free slots (credits) and takes the slots the reader sends back.
 
-One connection carries both directions: a release goes back on the connection its chunk came in on, so it can
-never be sent before the reader has a peer to send it to. The writer connects with ZMQ_IMMEDIATE off: what it sends
-before the reader binds waits in its queue, so either stage may start first.
+Peers are authenticated with ZMQ CURVE: both key pairs derive from the pipeline's secret (``TcpSpec.secret``, which
+the owner generates, or takes from the ``OMNI_TTS_CONNECTOR_SECRET`` environment variable so that stages started on
+another host can share it). The reader's I/O thread is its context's ZAP handler and admits only the writer's key;
+a peer without the secret never completes the handshake, so it can neither send a chunk nor receive a release (a
+credit). The connection is encrypted as well.
+
+A release can never be sent before the reader has a peer to send it to: it answers a chunk that came in. The writer
+connects with ZMQ_IMMEDIATE off: what it sends before the reader binds waits in its queue, so either stage may start
+first.
 
 Wire format (little-endian), one two-frame message per chunk::
 
@@ -23,15 +29,17 @@ Wire format (little-endian), one two-frame message per chunk::
     frame 1: payload: num_frames × num_codebooks int32, row-major
 
 and a release is the slot index alone (u32). At most ``num_slots`` chunks are in flight, as in the shared-memory
-ring, so memory on both ends stays bounded the same way. There is no authentication: bind a loopback or private
-address. ``put_ns`` is the writer host's monotonic clock; the put → get latency the reader derives from it is
+ring, so memory on both ends stays bounded the same way. ``put_ns`` is the writer host's monotonic clock; the put → get latency the reader derives from it is
 meaningful only while both stages share a host.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
+import os
+import secrets
 import socket
 import struct
 import threading
@@ -40,6 +48,7 @@ from typing import Callable
 import msgspec
 import numpy as np
 import zmq
+from zmq.utils import z85
 
 from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, Chunk, ChunkReaderBase, ChunkWriterBase,
                                       QueuedChunk, connect, drain_slots, stop_threads, unbounded_socket, wake_pair)
@@ -49,6 +58,9 @@ logger = logging.getLogger(__name__)
 _MAGIC = b"otc1"  # names the format: a peer of another version is refused, not misread
 _HEADER = struct.Struct("<4sIqqII")  # magic, slot, seq, put time (CLOCK_MONOTONIC ns), num_frames, flags; id follows
 _CLOSE_LINGER_MS = 100  # the reader's close() still delivers the releases already made, if the writer takes them
+SECRET_ENV = "OMNI_TTS_CONNECTOR_SECRET"  # the pipeline's secret when set (the same on every host), else generated
+_MIN_SECRET_CHARS = 32
+_ZAP_ADDRESS = "inproc://zeromq.zap.01"  # where libzmq asks its context's handler about each handshake
 
 
 class TcpSpec(msgspec.Struct, frozen=True, tag="tcp"):
@@ -59,6 +71,11 @@ class TcpSpec(msgspec.Struct, frozen=True, tag="tcp"):
     num_slots: int  # chunks in flight: the writer's credits
     max_frames: int
     num_codebooks: int
+    secret: str  # both CURVE key pairs derive from it (curve_keys); whoever knows it may join
+
+    def __repr__(self) -> str:  # a spec may be logged: never with its secret
+        return (f"TcpSpec(host={self.host!r}, port={self.port}, num_slots={self.num_slots}, "
+                f"max_frames={self.max_frames}, num_codebooks={self.num_codebooks})")
 
     @property
     def ipv6(self) -> bool:
@@ -80,11 +97,16 @@ class TcpOwner:
     def create(cls, num_slots: int, max_frames: int, num_codebooks: int = 16, host: str = "127.0.0.1",
                port: int = 0) -> TcpOwner:
         """`host`: an IP address of the reader's host; `port` 0 picks a free one there (only possible when that is
-        this host)."""
+        this host). The secret is ``$OMNI_TTS_CONNECTOR_SECRET`` when set, else a new random one."""
         if num_slots < 1 or max_frames < 1 or num_codebooks < 1:
             raise ValueError("num_slots, max_frames and num_codebooks must be >= 1")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
+        if not zmq.has("curve"):
+            raise RuntimeError("the tcp connector needs a libzmq built with CURVE (pyzmq's wheels are)")
+        secret = os.environ.get(SECRET_ENV) or secrets.token_hex(32)
+        if len(secret) < _MIN_SECRET_CHARS:
+            raise ValueError(f"{SECRET_ENV}: at least {_MIN_SECRET_CHARS} characters, got {len(secret)}")
         version = ipaddress.ip_address(host).version  # ValueError for a name: zmq binds addresses, not names
         reservation = None
         if port == 0:
@@ -97,7 +119,8 @@ class TcpOwner:
                 raise OSError(exc.errno, f"cannot pick a free TCP port on {host} ({exc.strerror}); give the "
                                          f"connector's tcp_port when code2wav runs on another host") from None
             port = reservation.getsockname()[1]
-        spec = TcpSpec(host=host, port=port, num_slots=num_slots, max_frames=max_frames, num_codebooks=num_codebooks)
+        spec = TcpSpec(host=host, port=port, num_slots=num_slots, max_frames=max_frames, num_codebooks=num_codebooks,
+                       secret=secret)
         return cls(spec, reservation)
 
     def close(self) -> None:
@@ -111,6 +134,21 @@ class TcpOwner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def curve_keys(secret: str, role: str) -> tuple[bytes, bytes]:
+    """The CURVE key pair (public, secret; Z85) of `role` ("reader" or "writer") in the pipeline keyed by `secret`:
+    both ends derive both pairs, so one secret is all a stage needs."""
+    secret_key = z85.encode(hashlib.sha256(f"omni-tts connector {role}\0{secret}".encode()).digest())
+    return zmq.curve_public(secret_key), secret_key
+
+
+def writer_socket(ctx: zmq.Context, spec: TcpSpec) -> zmq.Socket:
+    """The writer's DEALER, authenticated with the spec's secret and connected to the reader's address."""
+    sock = unbounded_socket(ctx, zmq.DEALER, spec.ipv6)
+    sock.curve_publickey, sock.curve_secretkey = curve_keys(spec.secret, "writer")
+    sock.curve_serverkey = curve_keys(spec.secret, "reader")[0]
+    return connect(sock, spec.address)
 
 
 def _encode(slot: int, chunk: QueuedChunk) -> list[bytes | np.ndarray]:
@@ -167,7 +205,7 @@ class TcpChunkWriter(ChunkWriterBase):
     takes back the slots the reader releases.
 
     When every slot is held by the reader, the I/O thread waits for a release (back-pressure) while ``put`` keeps
-    queueing; watch ``pending()`` to throttle the engine if the queue grows.
+    queueing (``stats().pending``).
     """
 
     spec: TcpSpec
@@ -182,7 +220,7 @@ class TcpChunkWriter(ChunkWriterBase):
         if self._threads:
             raise RuntimeError("TcpChunkWriter already started")
         self._ctx = zmq.Context(io_threads=1)
-        link = connect(self._ctx, zmq.DEALER, self.spec.address, self.spec.ipv6)
+        link = writer_socket(self._ctx, self.spec)
         self._kick, kicked = wake_pair(self._ctx, "tcp-writer")
         self._threads = [threading.Thread(target=self._io_loop, args=(link, kicked), name="omni-tts-tcp-send",
                                           daemon=True)]
@@ -240,21 +278,30 @@ class TcpChunkReader(ChunkReaderBase):
         self._ctx: zmq.Context | None = None
         self._releases: zmq.Socket | None = None  # release() → the I/O thread, which owns the TCP socket
         self._wake_tx: zmq.Socket | None = None
+        self._refused = 0  # handshakes refused (the I/O thread's)
 
     def start(self) -> None:
         if self._threads:
             raise RuntimeError("TcpChunkReader already started")
         self._ctx = zmq.Context(io_threads=1)
-        link = unbounded_socket(self._ctx, zmq.DEALER, self.spec.ipv6)
+        # the ZAP handler is bound before the listener, so no handshake is ever answered without it
+        zap = unbounded_socket(self._ctx, zmq.REP)
+        zap.bind(_ZAP_ADDRESS)
+        link = unbounded_socket(self._ctx, zmq.ROUTER, self.spec.ipv6)
+        link.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a release to a connection that is gone raises, not vanishes
+        link.curve_server = True
+        link.curve_secretkey = curve_keys(self.spec.secret, "reader")[1]
+        link.zap_domain = b"omni-tts-connector"
         try:
             link.bind(self.spec.address)
         except zmq.ZMQError:
             link.close(linger=0)
+            zap.close(linger=0)
             self._ctx.term()
             raise
         self._releases, released = wake_pair(self._ctx, "tcp-releases")
         self._wake_tx, wake_rx = wake_pair(self._ctx, "tcp-reader")
-        self._threads = [threading.Thread(target=self._io_loop, args=(link, released, wake_rx),
+        self._threads = [threading.Thread(target=self._io_loop, args=(link, zap, released, wake_rx),
                                           name="omni-tts-tcp-recv", daemon=True)]
         self._threads[0].start()
 
@@ -266,26 +313,33 @@ class TcpChunkReader(ChunkReaderBase):
             self._wake_tx.send(b"", zmq.NOBLOCK)
         stop_threads(self._threads, self._ctx, [self._releases, self._wake_tx], timeout, "TcpChunkReader")
 
-    def _io_loop(self, link: zmq.Socket, released: zmq.Socket, wake: zmq.Socket) -> None:
+    def _io_loop(self, link: zmq.Socket, zap: zmq.Socket, released: zmq.Socket, wake: zmq.Socket) -> None:
         poller = zmq.Poller()
-        for sock in (link, released, wake):
+        for sock in (link, zap, released, wake):
             poller.register(sock, zmq.POLLIN)
+        writer_key = z85.decode(curve_keys(self.spec.secret, "writer")[0])
+        senders: dict[int, bytes] = {}  # slot -> the connection its chunk came in on, where its release goes
         try:
             while True:
-                ready = dict(poller.poll())  # no timeout: blocks until a chunk, a release or close()
+                ready = dict(poller.poll())  # no timeout: blocks until a chunk, a release, a handshake or close()
+                if zap in ready:
+                    self._answer_handshakes(zap, writer_key)
                 if wake in ready or released in ready:
-                    self._forward_releases(link, released)
+                    _forward_releases(link, released, senders)
                 if wake in ready:
                     link.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
                     return
                 if link in ready:
                     chunks, unreadable = [], []
-                    for frames in _drain_messages(link):
+                    for sender, *frames in _drain_messages(link):
+                        slot = _claimed_slot(frames, self.spec.num_slots)
+                        if slot is not None:
+                            senders.setdefault(slot, sender.bytes)  # a second claim on a held slot is ignored
                         try:
                             chunks.append(_decode(frames, self.spec))
                         except (ValueError, UnicodeDecodeError) as exc:
                             logger.exception("dropping an unreadable chunk message")
-                            unreadable.append((_claimed_slot(frames, self.spec.num_slots), exc))
+                            unreadable.append((slot, exc))
                     if unreadable:
                         self._refuse(unreadable)
                     self._hand_over(chunks)
@@ -293,13 +347,36 @@ class TcpChunkReader(ChunkReaderBase):
             self._fail("recv loop", exc)
         finally:
             link.close()
-            released.close(linger=0)
-            wake.close(linger=0)
+            for sock in (zap, released, wake):
+                sock.close(linger=0)
 
-    @staticmethod
-    def _forward_releases(link: zmq.Socket, released: zmq.Socket) -> None:
-        for slot in drain_slots(released):
+
+    def _answer_handshakes(self, zap: zmq.Socket, writer_key: bytes) -> None:
+        """Answer libzmq's ZAP requests (RFC 27): a CURVE handshake passes with the writer's public key only."""
+        while True:
             try:
-                link.send(SLOT_MSG.pack(slot), zmq.NOBLOCK)
-            except zmq.Again:  # no peer: the writer is gone, and its slots with it
-                logger.warning("no writer to release slot %d to", slot)
+                version, request_id, _domain, address, _identity, mechanism, *credentials = zap.recv_multipart(
+                    zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            allowed = mechanism == b"CURVE" and credentials == [writer_key]
+            if not allowed:
+                # a stray peer retries at every reconnect interval: warn once, the rest at debug level
+                log = logger.debug if self._refused else logger.warning
+                log("refused a connector peer at %s: it does not hold the pipeline's secret", address.decode())
+                self._refused += 1
+            zap.send_multipart([version, request_id, b"200" if allowed else b"400",
+                                b"OK" if allowed else b"not the writer", b"writer" if allowed else b"", b""])
+
+
+def _forward_releases(link: zmq.Socket, released: zmq.Socket, senders: dict[int, bytes]) -> None:
+    for slot in drain_slots(released):
+        sender = senders.pop(slot, None)
+        try:
+            if sender is not None:
+                link.send_multipart([sender, SLOT_MSG.pack(slot)], zmq.NOBLOCK)
+                continue
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+        logger.warning("no writer to release slot %d to: the connection it came on is gone", slot)

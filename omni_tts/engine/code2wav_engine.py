@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.audio import TARGET_SAMPLE_RATE
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
@@ -52,7 +52,7 @@ class Code2WavEngine:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
         self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step,
-                                           decoder.samples_per_frame / TARGET_SAMPLE_RATE, lanes)
+                                           decoder.samples_per_frame / SAMPLE_RATE, lanes)
         # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
         self.lane_pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="code2wav-lane") if lanes > 1 else None
         self.states: dict[str, DecoderStreamState] = {}

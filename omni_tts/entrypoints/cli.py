@@ -364,7 +364,7 @@ def _synthesize(args: argparse.Namespace) -> int:
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
-    from omni_tts.models.qwen3_tts.sampling import SamplingParams
+    from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 
     out_ext = os.path.splitext(args.out)[1].lower()
     if out_ext not in (".wav", ".npy"):
@@ -382,9 +382,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         text=args.text, task_type=args.task_type, voice=voice, language=args.language,
         instructions=args.instructions, ref_audio=args.ref_audio, ref_text=args.ref_text,
         x_vector_only=args.x_vector_only, non_streaming_mode=args.non_streaming_mode,
-        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                repetition_penalty=args.repetition_penalty, seed=args.seed,
-                                max_new_tokens=args.max_new_tokens))
+        sampling=SamplingParams.of(args))
     result = tts.synthesize([request])[0]
     if out_ext == ".npy":
         np.save(args.out, result.audio.astype(np.float32))

@@ -11,14 +11,14 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from omni_tts.config.stage_config import InitialChunkFrames
 from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
-from omni_tts.models.qwen3_tts.sampling import MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE, MAX_TOP_K
+from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 
 # OpenAI's input limit, for every text field: it also bounds the tokenizer's time per request (one thread serves
 # all requests); the talker's limits in tokens are checked when the request is tokenized
 MAX_TEXT_CHARS = 4096
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
-MAX_NEW_TOKENS = 8192
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 REPLICA_HEADER = "x-omni-tts-replica"   # serve-ray: the replica that served a speech request
 
@@ -43,19 +43,16 @@ class ApiError(Exception):
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 RefText = Annotated[str, msgspec.Meta(max_length=MAX_REF_TEXT_CHARS)]  # a clip's transcript, uploaded or sent
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
-# the ranges of SamplingParams.validate, so the schema states them and they fail before admission
-Probability = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
-Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TEMPERATURE)]
-TopK = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_K)]
 
 
 class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
     id: Name
 
 
-class SpeechOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     """Everything of a speech request but its text and how the HTTP response streams: what a WebSocket session
-    configures once for all its utterances."""
+    configures once for all its utterances. The sampling fields (max_new_tokens, seed, temperature, ...) and their
+    ranges are SamplingParams', so the schema states them and they fail before admission."""
     # OpenAI
     model: Name
     voice: Name | VoiceId | None = None
@@ -69,16 +66,7 @@ class SpeechOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ref_text: RefText | None = None
     x_vector_only_mode: bool = False
     non_streaming_mode: bool | None = None
-    max_new_tokens: Annotated[int, msgspec.Meta(ge=2, le=MAX_NEW_TOKENS)] | None = None
-    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
-    temperature: Temperature | None = None
-    top_k: TopK | None = None
-    top_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_REPETITION_PENALTY)] | None = None
-    subtalker_temperature: Temperature | None = None
-    subtalker_top_k: TopK | None = None
-    subtalker_top_p: Probability | None = None
-    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    initial_codec_chunk_frames: InitialChunkFrames | None = None
 
     @property
     def voice_name(self) -> str | None:

@@ -42,7 +42,7 @@ from omni_tts.entrypoints.protocol import (REPLICA_HEADER, VOICE_FORM_ALIASES, V
 from omni_tts.entrypoints.voices import QUOTA_BYTES, VoiceError, VoiceStore, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
-from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.orchestrator.types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.orchestrator.engine_protocol import TTSEngine
 from omni_tts.stages.protocol import StageStats
@@ -352,11 +352,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         text=text, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
-        sampling=SamplingParams(temperature=speech.temperature, top_k=speech.top_k, top_p=speech.top_p,
-                                repetition_penalty=speech.repetition_penalty,
-                                subtalker_temperature=speech.subtalker_temperature,
-                                subtalker_top_k=speech.subtalker_top_k, subtalker_top_p=speech.subtalker_top_p,
-                                max_new_tokens=speech.max_new_tokens, seed=speech.seed))
+        sampling=SamplingParams.of(speech))
     return synthesis, voice_key
 
 

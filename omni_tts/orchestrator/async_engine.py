@@ -46,7 +46,7 @@ from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
 from omni_tts.models.qwen3_tts.prompt import (PromptBuilder, PromptLimits, RequestError, SynthesisRequest,
                                               TalkerPrompt)
-from omni_tts.models.qwen3_tts.sampling import ResolvedSampling, SamplingParams, resolve_sampling
+from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling, SamplingError, SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
 from omni_tts.stages import code2wav_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
@@ -432,14 +432,11 @@ class AsyncTTSEngine:
     def stage_pids(self) -> dict[str, int]:
         return {name: stage.process.pid for name, stage in self.stages.items()}
 
-    def _resolve_sampling(self, params: SamplingParams):
-        defaults = msgspec.structs.asdict(self.pipeline.sampling)
-        merged = SamplingParams(**{k: (getattr(params, k) if getattr(params, k) is not None else defaults.get(k))
-                                   for k in SamplingParams.__dataclass_fields__})
+    def _resolve_sampling(self, params: SamplingParams) -> ResolvedSampling:
         try:
-            return resolve_sampling(merged, self.generation_config)
-        except ValueError as e:
-            raise RequestError(str(e).split(" ", 1)[0], str(e)) from None
+            return resolve_sampling(params, self.generation_config, self.pipeline.sampling)
+        except SamplingError as e:
+            raise RequestError(e.param, str(e)) from None
 
     def _check_alive(self) -> None:
         if self._closed:

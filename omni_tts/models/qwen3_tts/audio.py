@@ -18,7 +18,7 @@ import soxr
 
 AudioSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
 
-TARGET_SAMPLE_RATE = 24000
+SAMPLE_RATE = 24000  # the model's audio rate, in (reference audio) and out (speech)
 _READ_FRAMES = 1 << 16   # frames decoded per block
 
 
@@ -66,7 +66,7 @@ def load_audio(source: AudioSource, max_frames: int | None = None) -> tuple[np.n
     return wav, int(sr)
 
 
-def resampled_length(n: int, sr: int, target_sr: int = TARGET_SAMPLE_RATE) -> int:
+def resampled_length(n: int, sr: int, target_sr: int = SAMPLE_RATE) -> int:
     """Output length of `resample_to`: librosa's `int(np.ceil(n * (target / sr)))` with the float ratio.
 
     This is ceil(n * target / sr) except where that quotient is an integer and the float product lands just above
@@ -76,7 +76,7 @@ def resampled_length(n: int, sr: int, target_sr: int = TARGET_SAMPLE_RATE) -> in
     return int(np.ceil(n * (float(target_sr) / sr)))
 
 
-def resample_to(wav: np.ndarray, sr: int, target_sr: int = TARGET_SAMPLE_RATE) -> np.ndarray:
+def resample_to(wav: np.ndarray, sr: int, target_sr: int = SAMPLE_RATE) -> np.ndarray:
     """Resample mono audio as `librosa.resample(wav, orig_sr=sr, target_sr=target_sr)` does with its defaults.
 
     A bare soxr call is one sample short for about half of the lengths at 22.05/44.1 kHz, which moves the x-vector by
@@ -105,4 +105,4 @@ def resample_to(wav: np.ndarray, sr: int, target_sr: int = TARGET_SAMPLE_RATE) -
 def load_audio_24k(source: AudioSource) -> np.ndarray:
     """`load_audio` then `resample_to` 24 kHz: the input both the speaker encoder and the Mimi encoder take."""
     wav, sr = load_audio(source)
-    return resample_to(wav, sr, TARGET_SAMPLE_RATE)
+    return resample_to(wav, sr, SAMPLE_RATE)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .audio import TARGET_SAMPLE_RATE, load_audio, resample_to
+from .audio import SAMPLE_RATE, load_audio, resample_to
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
 from .generation import TOKEN_CAP_FLOOR, decode_codes, generate_codes, token_limit
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
@@ -25,8 +25,6 @@ from .speech_encoder import MimiEncoderConfig, SpeechEncoder
 from .talker import Talker
 from .text_tokenizer import load_text_tokenizer
 from .weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
-
-SAMPLE_RATE = TARGET_SAMPLE_RATE
 
 
 @dataclass

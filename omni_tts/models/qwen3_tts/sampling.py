@@ -1,4 +1,4 @@
-"""Sampling parameters and the reference's logits processing, batched with per-row parameters (model doc §8).
+"""The reference's logits processing, batched with per-row parameters (model doc §8).
 
 Talker order: repetition penalty (generated c0 ids only) → min-new-tokens → suppressed ids → temperature → top-k
 → top-p → sample (argmax when greedy). The code predictor uses only temperature / top-k / top-p.
@@ -9,98 +9,16 @@ path a row takes depends on its own top-k only, so batching still never changes 
 """
 from __future__ import annotations
 
-import math
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-# wrapper fallbacks (reference `Qwen3TTSModel`), used when generation_config.json lacks a key
-FALLBACK_GENERATION = dict(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
-                           subtalker_dosample=True, subtalker_temperature=0.9, subtalker_top_k=50,
-                           subtalker_top_p=1.0, max_new_tokens=2048)
-MIN_NEW_TOKENS = 2
-# request ranges, shared with the HTTP schema (entrypoints/protocol.py)
-MAX_TEMPERATURE = 100.0
-MAX_REPETITION_PENALTY = 100.0
-MAX_TOP_K = 2 ** 31 - 1      # beyond the vocab means "no top-k"; bounded so it fits every integer type on its way
-MAX_SEED = 2 ** 63 - 1       # the noise hash takes an int64 seed
+# what a request asks and its resolution live in the torch-free sampling_params; imported here by this module's users
+from .sampling_params import MIN_NEW_TOKENS, ResolvedSampling, SamplingParams, resolve_sampling  # noqa: F401
+
 CANDIDATES = 64              # a top-k up to this samples among the row's `topk` candidates, not a sorted vocabulary
-# name: (low, high, low excluded)
-_RANGES = {"temperature": (0.0, MAX_TEMPERATURE, False), "subtalker_temperature": (0.0, MAX_TEMPERATURE, False),
-           "top_p": (0.0, 1.0, True), "subtalker_top_p": (0.0, 1.0, True),
-           "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, True),
-           "top_k": (0, MAX_TOP_K, False), "subtalker_top_k": (0, MAX_TOP_K, False),
-           "max_new_tokens": (1, math.inf, False), "seed": (0, MAX_SEED, False)}
-
-
-@dataclass
-class SamplingParams:
-    """What a request asks for; None means "use the checkpoint's generation_config.json, then the fallback".
-
-    temperature 0 means greedy for the talker and, unless subtalker_temperature is set, for the code predictor.
-    """
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    subtalker_temperature: float | None = None
-    subtalker_top_k: int | None = None
-    subtalker_top_p: float | None = None
-    max_new_tokens: int | None = None
-    seed: int | None = None
-
-    def validate(self) -> None:
-        """ValueError naming the field for out-of-range values (NaN included)."""
-        for name, (low, high, low_excluded) in _RANGES.items():
-            value = getattr(self, name)
-            if value is None or (((low < value) if low_excluded else (low <= value)) and value <= high):
-                continue
-            bound = (f"{'>' if low_excluded else '>='} {_number(low)}" if high == math.inf else
-                     f"in {'(' if low_excluded else '['}{_number(low)}, {_number(high)}]")
-            raise ValueError(f"{name} must be {bound}, got {value}")
-
-
-def _number(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-@dataclass(frozen=True)
-class ResolvedSampling:
-    """Concrete per-request values; temperature 0 = greedy."""
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
-    subtalker_temperature: float
-    subtalker_top_k: int
-    subtalker_top_p: float
-    max_new_tokens: int
-    seed: int
-
-
-def resolve_sampling(params: SamplingParams, generation_config: dict[str, Any]) -> ResolvedSampling:
-    params.validate()
-    defaults = {k: generation_config.get(k, v) for k, v in FALLBACK_GENERATION.items()}
-
-    def pick(name: str) -> Any:
-        value = getattr(params, name)
-        return defaults[name] if value is None else value
-
-    temperature = pick("temperature") if defaults["do_sample"] or params.temperature is not None else 0.0
-    if params.subtalker_temperature is not None:
-        sub_temperature = params.subtalker_temperature
-    elif params.temperature == 0 or not defaults["subtalker_dosample"]:
-        sub_temperature = 0.0
-    else:
-        sub_temperature = defaults["subtalker_temperature"]
-    return ResolvedSampling(temperature=float(temperature), top_k=int(pick("top_k")), top_p=float(pick("top_p")),
-                            repetition_penalty=float(pick("repetition_penalty")),
-                            subtalker_temperature=float(sub_temperature), subtalker_top_k=int(pick("subtalker_top_k")),
-                            subtalker_top_p=float(pick("subtalker_top_p")), max_new_tokens=int(pick("max_new_tokens")),
-                            seed=secrets.randbits(63) if params.seed is None else int(params.seed))
 
 
 _MASK32 = 0xFFFFFFFF

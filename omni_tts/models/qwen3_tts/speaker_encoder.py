@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .audio import SAMPLE_RATE
 from .config import SpeakerEncoderConfig
 
 # Mel constants are fixed in the reference (not read from the config).
-SAMPLE_RATE = 24000
 N_FFT = 1024
 HOP = 256
 WIN = 1024
