@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from omni_tts.models.qwen3_tts.generation import token_limit
+from omni_tts.engine.offline import synthesize
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
@@ -151,12 +152,12 @@ def test_token_limit_rule():
 
 
 def test_frame_cap_ends_a_runaway_utterance_with_length():
-    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=20)
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     # "Hi." is 2 text tokens: limit max(20, 24) = 24 tokens -> 23 frames, although generation_config allows 8192
-    result = tts.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english",
-                                              sampling=SamplingParams(temperature=0, repetition_penalty=1.0))])[0]
+    result = synthesize(tts, [SynthesisRequest(text="Hi.", voice="ryan", language="english",
+                                               sampling=SamplingParams(temperature=0, repetition_penalty=1.0))],
+                        token_cap_floor=20)[0]
     assert result.codes.shape[0] == 23 and result.finish_reason == "length"
-    uncapped = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=None)
-    longer = uncapped.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
-        temperature=0, repetition_penalty=1.0, max_new_tokens=40))])[0]
+    longer = synthesize(tts, [SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
+        temperature=0, repetition_penalty=1.0, max_new_tokens=40))], token_cap_floor=None)[0]
     assert longer.codes.shape[0] > 23

@@ -361,6 +361,7 @@ def _synthesize(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from omni_tts.engine.offline import synthesize
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
@@ -385,7 +386,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 repetition_penalty=args.repetition_penalty, seed=args.seed,
                                 max_new_tokens=args.max_new_tokens))
-    result = tts.synthesize([request])[0]
+    result = synthesize(tts, [request])[0]
     if out_ext == ".npy":
         np.save(args.out, result.audio.astype(np.float32))
     else:

@@ -41,8 +41,8 @@ import zmq.asyncio
 from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
 from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, create_owner
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
-from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
 from omni_tts.models.qwen3_tts.prompt import (PromptBuilder, PromptLimits, RequestError, SynthesisRequest,
                                               TalkerPrompt)
