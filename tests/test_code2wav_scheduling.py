@@ -1,16 +1,23 @@
 """Code2wav scheduling: deadline order, frame budget, splits, starvation, abort; engine audio == one-pass decode;
 the start-up frame-budget calibration."""
+import multiprocessing
+import shutil
 import time
 
+import msgspec
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from conftest import FIXTURES, load_component
+from omni_tts.connectors.shm_ring import RingOwner
 from omni_tts.engine.code2wav_engine import Code2WavEngine, measure_frame_budget
 from omni_tts.engine.code2wav_scheduler import CodecChunk, Code2WavScheduler
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
+from omni_tts.stages import code2wav_stage
+from omni_tts.stages.protocol import Heartbeat, Ready, Shutdown, StageEvent, StageLaunch
 
 FRAME_SECONDS = 0.08
 
@@ -247,3 +254,37 @@ def test_calibration_returns_a_positive_budget_quickly(decoder):
     elapsed = time.perf_counter() - started
     assert isinstance(budget, int) and 1 <= budget <= 32 * 25
     assert elapsed < 3.0                   # MAX_CALIBRATION_SECONDS = 1 s, plus the warm-up and one size's overrun
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Stage
+# ------------------------------------------------------------------------------------------------------------
+def test_code2wav_stage_loads_the_speech_decoder_alone(tmp_path):
+    """A model directory holding only speech_tokenizer/ (no config.json, no text tokenizer, no talker weights)
+    starts the code2wav stage: it loads nothing else."""
+    shutil.copytree(FIXTURES / "tiny-custom-voice" / "speech_tokenizer", tmp_path / "speech_tokenizer")
+    with RingOwner.create(num_slots=4, max_frames=25, edge="c2w") as ring, zmq.Context() as ctx:
+        events = ctx.socket(zmq.PULL)
+        events.setsockopt(zmq.RCVTIMEO, 120_000)  # a stage that died silently fails the test instead of hanging it
+        events.bind(f"ipc://{tmp_path}/events")
+        launch = StageLaunch(stage="code2wav", model_dir=str(tmp_path), device="cpu", dtype="float32",
+                             max_batch_size=2, command_address=f"ipc://{tmp_path}/code2wav",
+                             event_address=f"ipc://{tmp_path}/events", connector=ring.spec, max_frames_per_step=4)
+        process = multiprocessing.get_context("spawn").Process(target=code2wav_stage.main,
+                                                               args=(msgspec.msgpack.encode(launch),))
+        process.start()
+        commands = ctx.socket(zmq.PUSH)
+        commands.connect(launch.command_address)
+        try:
+            decoder = msgspec.msgpack.Decoder(StageEvent)
+            first = decoder.decode(events.recv())
+            while isinstance(first, Heartbeat):
+                first = decoder.decode(events.recv())
+            assert isinstance(first, Ready), first
+            commands.send(msgspec.msgpack.encode(Shutdown()))
+            process.join(30)
+            assert process.exitcode == 0
+        finally:
+            process.kill()
+            events.close(linger=0)
+            commands.close(linger=0)

@@ -49,11 +49,33 @@ class SpeechTokenizerWeights(nn.Module):
                                       config.encoder_valid_num_quantizers) if with_encoder else None)
 
 
+def load_speech_tokenizer(model_dir: str, config: SpeechTokenizerConfig, device: torch.device, dtype: torch.dtype,
+                          with_encoder: bool, with_decoder: bool) -> SpeechTokenizerWeights:
+    """The wanted halves of `speech_tokenizer/model.safetensors`, read and loaded strictly."""
+    with torch.device("meta"):
+        speech = SpeechTokenizerWeights(config, with_encoder=with_encoder, with_decoder=with_decoder)
+    st_dir = os.path.join(model_dir, "speech_tokenizer")
+    wanted = (("encoder.",) if with_encoder else ()) + (("decoder.",) if with_decoder else ())
+    st_tensors = {k: v for k, v in read_tensors(safetensors_files(st_dir), "").items() if k.startswith(wanted)}
+    load_strict(speech, st_tensors, os.path.join(st_dir, "model.safetensors"), device, dtype)
+    if speech.encoder is not None:
+        speech.encoder.quantizer.float()  # nearest-codebook search stays fp32, as in the reference
+    return speech
+
+
+def load_speech_decoder(model_dir: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> SpeechDecoder:
+    """The speech-tokenizer decoder alone: all the code2wav stage runs (no talker, no text tokenizer)."""
+    speech = load_speech_tokenizer(model_dir, SpeechTokenizerConfig.load(model_dir), torch.device(device), dtype,
+                                   with_encoder=False, with_decoder=True)
+    assert speech.decoder is not None
+    return speech.decoder
+
+
 class Qwen3TTS:
     def __init__(self, model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 with_talker: bool = True, with_decoder: bool = True) -> None:
-        """with_talker / with_decoder: load only one side (the talker stage has no use for the decoder, the
-        code2wav stage none for the talker)."""
+                 with_decoder: bool = True) -> None:
+        """with_decoder False: the talker side only (the talker stage has no use for the decoder)."""
         self.model_dir = model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.config = Qwen3TTSConfig.load(model_dir)
@@ -62,25 +84,15 @@ class Qwen3TTS:
         self.generation_config: dict[str, Any] = read_json(gen_path) if os.path.isfile(gen_path) else {}
         self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir))
 
-        is_base = self.config.tts_model_type == "base"
-        self.talker: Talker | None = None
-        self.speaker_encoder: SpeakerEncoder | None = None
-        if with_talker:
-            with torch.device("meta"):
-                weights = Qwen3TTSWeights(self.config)
-            load_strict(weights, read_tensors(safetensors_files(model_dir), ""),
-                        os.path.join(model_dir, "model.safetensors"), self.device, dtype)
-            self.talker, self.speaker_encoder = weights.talker, weights.speaker_encoder
-        # the talker side needs the speech encoder (Base reference audio → codes); code2wav needs the decoder
-        with_encoder = with_talker and is_base
         with torch.device("meta"):
-            speech = SpeechTokenizerWeights(self.speech_config, with_encoder=with_encoder, with_decoder=with_decoder)
-        st_dir = os.path.join(model_dir, "speech_tokenizer")
-        wanted = (("encoder.",) if with_encoder else ()) + (("decoder.",) if with_decoder else ())
-        st_tensors = {k: v for k, v in read_tensors(safetensors_files(st_dir), "").items() if k.startswith(wanted)}
-        load_strict(speech, st_tensors, os.path.join(st_dir, "model.safetensors"), self.device, dtype)
-        if speech.encoder is not None:
-            speech.encoder.quantizer.float()  # nearest-codebook search stays fp32, as in the reference
+            weights = Qwen3TTSWeights(self.config)
+        load_strict(weights, read_tensors(safetensors_files(model_dir), ""),
+                    os.path.join(model_dir, "model.safetensors"), self.device, dtype)
+        self.talker: Talker = weights.talker
+        self.speaker_encoder: SpeakerEncoder | None = weights.speaker_encoder
+        # Base reference audio → codes needs the speech encoder
+        speech = load_speech_tokenizer(model_dir, self.speech_config, self.device, dtype,
+                                       with_encoder=self.config.tts_model_type == "base", with_decoder=with_decoder)
         self.decoder: SpeechDecoder | None = speech.decoder
         self.speech_encoder: SpeechEncoder | None = speech.encoder
 
