@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from omni_tts.models.qwen3_tts.audio import TARGET_SAMPLE_RATE
-from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
+from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
+from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 

@@ -10,10 +10,11 @@ from torch import nn
 
 from .audio import TARGET_SAMPLE_RATE, load_audio, resample_to
 from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
+from .mimi_config import MimiEncoderConfig
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
 from .speech_decoder import SpeechDecoder
-from .speech_encoder import MimiEncoderConfig, SpeechEncoder
+from .speech_encoder import SpeechEncoder
 from .talker import Talker
 from .text_tokenizer import load_text_tokenizer
 from .weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
