@@ -37,9 +37,15 @@ def test_out_of_range_values_name_the_field(field, value):
         resolve_sampling(SamplingParams(**{field: value}), GEN)
 
 
+def one_row_sampler(params) -> BatchSampler:
+    sampler = BatchSampler(1, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler.set_row(0, params)
+    return sampler
+
+
 def test_talker_processing_order():
     params = [resolve_sampling(SamplingParams(temperature=0, repetition_penalty=2.0, seed=0), GEN)]
-    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler = one_row_sampler(params[0])
     logits = torch.full((1, 3072), -5.0)
     logits[0, 2150] = 100.0   # EOS is best but forbidden for the first 2 tokens
     logits[0, 2500] = 90.0    # suppressed control id
@@ -139,7 +145,7 @@ def test_noise_is_positive_where_all_its_bits_are_set():
 @pytest.mark.parametrize("top_k", [0, 2])
 def test_a_suppressed_id_is_never_sampled(top_k):
     params = [resolve_sampling(SamplingParams(temperature=1.0, top_k=top_k, seed=TOP_BITS_SEED), GEN)]
-    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler = one_row_sampler(params[0])
     ids = sampler.sample_talker(torch.randn(1, 3072, generator=torch.Generator().manual_seed(0)), slice(0, 1))
     assert ids.item() < 2048 or ids.item() == 2150
 

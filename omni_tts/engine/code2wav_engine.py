@@ -85,10 +85,6 @@ class Code2WavEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    @property
-    def num_requests(self) -> int:
-        return len(self.states)
-
     @torch.inference_mode()
     def step(self) -> list[AudioOutput]:
         batch = self.scheduler.schedule()

@@ -10,27 +10,15 @@ A request may start before its text is whole (`TalkerRequest.text_done` False) a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .talker_runner import TalkerRunner
-from .talker_scheduler import FrameOutput, TalkerRequest, TalkerScheduler, max_trailing_rows
+from .talker_scheduler import FrameOutput, TalkerRequest, TalkerScheduler, TalkerSchedulerStats, max_trailing_rows
 
-__all__ = ["FrameOutput", "TalkerEngine", "TalkerEngineStats", "TalkerRequest"]
-
-
-@dataclass
-class TalkerEngineStats:
-    num_running: int
-    num_waiting: int
-    num_parked: int
-    free_rows: int
-    steps: int
-    request_ids: list[str] = field(default_factory=list)
+__all__ = ["FrameOutput", "TalkerEngine", "TalkerRequest"]
 
 
 class TalkerEngine:
@@ -77,10 +65,8 @@ class TalkerEngine:
     def waiting_for_text(self) -> list[str]:
         return self.scheduler.waiting_for_text()
 
-    def stats(self) -> TalkerEngineStats:
-        s = self.scheduler.stats()
-        return TalkerEngineStats(s.num_running, s.num_waiting, s.num_parked, s.free_rows, self.num_steps,
-                                 s.request_ids)
+    def stats(self) -> TalkerSchedulerStats:
+        return self.scheduler.stats()
 
     @torch.inference_mode()
     def step(self) -> list[FrameOutput]:
