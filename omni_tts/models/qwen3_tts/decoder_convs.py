@@ -38,8 +38,8 @@ class CausalConv1d(nn.Module):
         return conv(x)
 
     def _to_one_channel(self, x: Tensor) -> Tensor:
-        """The waveform conv (C_in -> 1) as k shifted [1, C_in] x [C_in, n] products: oneDNN's kernel for one output
-        channel is ~4x slower on a CPU (1.23 vs 0.28 ms for 28 channels x 15360 samples)."""
+        """The waveform conv (C_in -> 1) as k shifted [1, C_in] x [C_in, n] products: on a CPU oneDNN's kernel for
+        one output channel is slow (`docs/benchmarks.md`, channels-last residual units)."""
         conv, n = self.conv, x.shape[-1] - self.history
         weight, dilation = conv.weight.expand(x.shape[0], -1, -1, -1), conv.dilation[0]  # [B, 1, C_in, k]
         out = torch.baddbmm(conv.bias.view(1, 1, 1), weight[..., 0], x[..., :n])        # [B, 1, n]
@@ -48,8 +48,8 @@ class CausalConv1d(nn.Module):
         return out
 
 
-# CausalConvTranspose1d runs as a GEMM up to this many input samples (batch × length): a first packet's 1-frame
-# decode of the medium preset 20 → 16 ms on one CPU thread; larger inputs gain nothing over PyTorch's kernels
+# CausalConvTranspose1d runs as a GEMM up to this many input samples (batch × length): the short calls (a first
+# packet's few frames) are where PyTorch's CPU kernel is slow; larger inputs gain nothing over it
 GEMM_MAX_INPUTS = 64
 
 
@@ -81,7 +81,7 @@ class CausalConvTranspose1d(nn.Module):
     def _transposed(self, x: Tensor) -> Tensor:
         """conv_transpose1d without bias. Kernels here are 1 or 2 strides long (k = m*s): for short inputs one GEMM
         gives every input sample's k outputs, and output block t sums input t's first stride, input t-1's second, …
-        (on a CPU PyTorch's own transposed conv takes a slow path there, ~0.7 ms per call, mostly weight reads)."""
+        (on a CPU PyTorch's own transposed conv takes a slow path there, mostly weight reads)."""
         weight, s = self.conv.weight, self.stride                               # [C_in, C_out, k]
         c_out, k = weight.shape[1], weight.shape[2]
         if k % s or x.shape[0] * x.shape[-1] > GEMM_MAX_INPUTS:
@@ -114,8 +114,8 @@ class SnakeBeta(nn.Module):
         scale = 1.0 / (torch.exp(self.beta).view(per_channel) + 1e-9)
         y = x * alpha
         if y.device.type == "cpu" and y.dtype == torch.float32:
-            # numpy's SIMD float32 sin is 2.6x torch's CPU sin (0.52 vs 1.37 ns per value on AVX-512), which was
-            # an eighth of a decoder call; the two differ by at most one unit in the last place
+            # numpy's float32 sin is SIMD, torch's CPU sin is not, and this sin is a sizeable share of a decoder
+            # call (`docs/benchmarks.md`); the two differ by at most one unit in the last place
             samples = y.numpy()
             np.sin(samples, out=samples)
         else:
@@ -167,8 +167,7 @@ class ResidualUnit(nn.Module):
 
 
 # Residual units of at most this many channels run channels-last on a CPU (as [B, C, 1, n] conv2d): oneDNN's
-# layout for few channels over many samples; the medium preset's 28- and 56-channel units, 1 x 8-frame call:
-# 14.6 -> 10.8 and 13.7 -> 11.9 ms, 16 x 1: 37.2 -> 21.8 and 27.8 -> 22.5 ms; at 112 channels no gain
+# layout for few channels over many samples; wider units gain nothing (`docs/benchmarks.md`)
 CHANNELS_LAST_MAX_DIM = 64
 
 
