@@ -183,7 +183,7 @@ class AsyncTTSEngine:
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
                                     if name == "talker"
-                                    else {"max_frames_per_step": cfg.max_frames_per_step,
+                                    else {"frame_budget": cfg.max_frames_per_step,
                                           "lanes": code2wav_lanes(self.pipeline, self.threads)}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)
