@@ -24,6 +24,7 @@ import torch
 
 from omni_tts.audio.encoding import create_stream_encoder
 from omni_tts.config import set_torch_threads
+from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
@@ -55,7 +56,7 @@ class RunningEngine:
 
     def step(self) -> None:
         while self.engine.stats().num_running + self.engine.stats().num_waiting < self.batch:
-            p = self.tts.prepare(SynthesisRequest(
+            p = prepare(self.tts, SynthesisRequest(
                 text=f"Request {self.added}: a sentence of ordinary length to speak.", voice="ryan",
                 sampling=SamplingParams(temperature=self.temperature, seed=self.added, max_new_tokens=100_000)))
             self.engine.add_request(TalkerRequest(str(self.added), p.prefill, p.trailing, p.sampling, 100_000))

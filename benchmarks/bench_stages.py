@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
+from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
@@ -46,9 +47,9 @@ def timed(step) -> tuple[float, float]:
 def time_talker(tts: Qwen3TTS, batch: int, steps: int) -> Timings:
     engine = TalkerEngine(tts.talker, tts.config, batch, 1024, 4096, 512)
     for i in range(batch):
-        p = tts.prepare(SynthesisRequest(text=f"Benchmark sentence number {i}, long enough to keep going.",
-                                         voice="ryan", sampling=SamplingParams(temperature=0.9, seed=i,
-                                                                               repetition_penalty=1.0)))
+        p = prepare(tts, SynthesisRequest(text=f"Benchmark sentence number {i}, long enough to keep going.",
+                                          voice="ryan", sampling=SamplingParams(temperature=0.9, seed=i,
+                                                                                repetition_penalty=1.0)))
         engine.add_request(TalkerRequest(f"r{i}", p.prefill, p.trailing, p.sampling, 10_000))
     engine.step()  # admission + first step
     # keep every row running: we time steady-state steps, not utterance lengths (the EOS id lives on the scheduler)

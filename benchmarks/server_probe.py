@@ -40,6 +40,7 @@ def expected_pcm(model_dir: str, speeches: list[Speech]) -> dict[Speech, np.ndar
     import torch
 
     from omni_tts.audio.encoding import to_int16
+    from omni_tts.engine.offline import synthesize
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
     from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -50,7 +51,7 @@ def expected_pcm(model_dir: str, speeches: list[Speech]) -> dict[Speech, np.ndar
     for speech in dict.fromkeys(speeches):
         request = SynthesisRequest(text=speech.text, voice=speech.voice,
                                    sampling=SamplingParams(temperature=0, max_new_tokens=speech.max_new_tokens))
-        out[speech] = to_int16(tts.synthesize([request])[0].audio)
+        out[speech] = to_int16(synthesize(tts, [request])[0].audio)
     return out
 
 

@@ -1,16 +1,23 @@
 """Code2wav scheduling: deadline order, frame budget, splits, starvation, abort; engine audio == one-pass decode;
 the start-up frame-budget calibration."""
+import multiprocessing
+import shutil
 import time
 
+import msgspec
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from conftest import FIXTURES, load_component
+from omni_tts.connectors.shm_ring import RingOwner
 from omni_tts.engine.code2wav_engine import Code2WavEngine, measure_frame_budget
 from omni_tts.engine.code2wav_scheduler import CodecChunk, Code2WavScheduler
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
+from omni_tts.stages import code2wav_stage
+from omni_tts.stages.protocol import Heartbeat, Ready, Shutdown, StageEvent, StageLaunch
 
 FRAME_SECONDS = 0.08
 
@@ -22,8 +29,8 @@ def chunk(frames: int, **flags) -> CodecChunk:
     return CodecChunk(np.arange(frames * 16).reshape(frames, 16), **flags)
 
 
-def scheduler(max_batch_size: int = 8, max_frames: int | None = 16, lanes: int = 1) -> Code2WavScheduler:
-    return Code2WavScheduler(max_batch_size, max_frames, FRAME_SECONDS, lanes)
+def scheduler(max_batch_size: int = 8, frame_budget: int | None = 16, lanes: int = 1) -> Code2WavScheduler:
+    return Code2WavScheduler(max_batch_size, frame_budget, FRAME_SECONDS, lanes)
 
 
 def step(s: Code2WavScheduler, now: float) -> list[tuple[str, int]]:
@@ -36,7 +43,7 @@ def step(s: Code2WavScheduler, now: float) -> list[tuple[str, int]]:
 # Scheduler
 # ------------------------------------------------------------------------------------------------------------
 def test_first_chunks_go_first_in_arrival_order_then_by_deadline():
-    s = scheduler(max_frames=100)
+    s = scheduler(frame_budget=100)
     for rid, arrival in (("a", 0.0), ("b", 0.1)):
         s.add_request(rid, arrival)
         s.add_chunk(rid, chunk(2))
@@ -65,7 +72,7 @@ def test_stream_that_ran_dry_before_a_new_request_arrived_goes_first():
 
 
 def test_budget_splits_chunks_and_caps_the_batch():
-    s = scheduler(max_batch_size=3, max_frames=16)
+    s = scheduler(max_batch_size=3, frame_budget=16)
     for i in range(5):
         s.add_request(f"r{i}", float(i))
         s.add_chunk(f"r{i}", chunk(25, is_last=True))
@@ -79,18 +86,18 @@ def test_budget_splits_chunks_and_caps_the_batch():
     np.testing.assert_array_equal(batch[0].codes, chunk(25).codes[16:])
     s.postprocess(batch, 11.0)
     assert sorted(s.requests) == ["r1", "r2", "r3", "r4"]  # finished requests are forgotten
-    s.max_frames_per_step = 1000
+    s.frame_budget = 1000
     batch = s.schedule()                   # at most 3 requests, each one piece: the rest of its oldest chunk
     assert [(p.request_id, p.num_frames, p.is_last) for p in batch] == [("r1", 18, True), ("r2", 25, True),
                                                                          ("r3", 25, True)]
 
 
 def test_always_at_least_one_frame_and_budget_respected():
-    s = scheduler(max_frames=1)
+    s = scheduler(frame_budget=1)
     s.add_request("a", 0.0)
     s.add_chunk("a", chunk(3))
     assert [step(s, now) for now in (1.0, 2.0, 3.0, 4.0)] == [[("a", 1)], [("a", 1)], [("a", 1)], []]
-    s = scheduler(max_frames=10)
+    s = scheduler(frame_budget=10)
     for i, frames in enumerate([2, 7, 25, 4]):
         s.add_request(f"r{i}", 0.0)
         s.add_chunk(f"r{i}", chunk(frames))
@@ -98,7 +105,7 @@ def test_always_at_least_one_frame_and_budget_respected():
 
 
 def test_context_chunks_emit_nothing_and_do_not_start_the_clock():
-    s = scheduler(max_frames=8)
+    s = scheduler(frame_budget=8)
     s.add_request("icl", 3.0)
     s.add_chunk("icl", chunk(20, is_context=True))
     s.add_chunk("icl", chunk(2))
@@ -117,7 +124,7 @@ def test_context_chunks_emit_nothing_and_do_not_start_the_clock():
 def test_no_starvation_under_a_flood_of_new_requests():
     # Overload: every step brings more first chunks than the budget holds, and the old stream has fallen behind.
     # Requests that arrived after its player ran dry do not hold it back for good, and new ones start in turn.
-    s = scheduler(max_batch_size=32, max_frames=16)
+    s = scheduler(max_batch_size=32, frame_budget=16)
     s.add_request("old", 0.0)
     for _ in range(20):
         s.add_chunk("old", chunk(25))
@@ -140,7 +147,7 @@ def test_no_starvation_under_a_flood_of_new_requests():
 
 
 def test_abort_drops_pending_and_split_chunks():
-    s = scheduler(max_frames=4)
+    s = scheduler(frame_budget=4)
     s.add_request("a", 0.0)
     s.add_request("b", 0.0)
     s.add_chunk("a", chunk(10))
@@ -154,7 +161,7 @@ def test_abort_drops_pending_and_split_chunks():
 
 
 def test_lanes_fill_in_deadline_order_each_within_the_budget():
-    s = scheduler(max_batch_size=8, max_frames=4, lanes=2)
+    s = scheduler(max_batch_size=8, frame_budget=4, lanes=2)
     for i, frames in enumerate([1, 25, 2, 2, 9]):
         s.add_request(f"r{i}", float(i))
         s.add_chunk(f"r{i}", chunk(frames))
@@ -164,7 +171,7 @@ def test_lanes_fill_in_deadline_order_each_within_the_budget():
     s.postprocess(batch, 10.0)
     batch = s.schedule()                   # r1's deadline is still its arrival (its chunk is not done): first
     assert [(p.request_id, p.num_frames, p.lane) for p in batch] == [("r1", 4, 0), ("r4", 4, 1)]
-    one_lane = scheduler(max_batch_size=8, max_frames=4, lanes=1)
+    one_lane = scheduler(max_batch_size=8, frame_budget=4, lanes=1)
     one_lane.add_request("a", 0.0)
     one_lane.add_request("b", 1.0)
     one_lane.add_chunk("a", chunk(4))
@@ -182,13 +189,13 @@ def decoder() -> SpeechDecoder:
     return load_component(lambda: SpeechDecoder(cfg), variant / "speech_tokenizer", "decoder.")
 
 
-@pytest.mark.parametrize("max_frames,lanes", [(None, 1), (3, 1), (16, 1), (3, 2), (5, 3)])
-def test_engine_audio_equals_one_pass_decode(decoder, max_frames, lanes):
+@pytest.mark.parametrize("frame_budget,lanes", [(None, 1), (3, 1), (16, 1), (3, 2), (5, 3)])
+def test_engine_audio_equals_one_pass_decode(decoder, frame_budget, lanes):
     rng = np.random.default_rng(0)
     schedules = [[2, 25, 25, 3], [1, 7], [25], [2, 25, 0], [5, 5, 5, 5, 5], [2, 9, 25, 25, 1], [3], [2, 14, 25, 8],
                  [2, 2, 2], [25, 25], [6, 1, 1, 1], [2, 25, 25, 25]]
     context = {1: 11, 7: 30}               # ICL requests: reference codes first, decoded but not emitted
-    engine = Code2WavEngine(decoder, max_batch_size=4, max_frames_per_step=max_frames, lanes=lanes)
+    engine = Code2WavEngine(decoder, max_batch_size=4, frame_budget=frame_budget, lanes=lanes)
     codes = {i: rng.integers(0, decoder.cfg.codebook_size, (context.get(i, 0) + sum(s), 16))
              for i, s in enumerate(schedules)}
     queued = {i: 0 for i in codes}
@@ -217,7 +224,7 @@ def test_engine_audio_equals_one_pass_decode(decoder, max_frames, lanes):
                     finished.add(out.request_id)
         t += 1
         assert t < 1000
-    assert finished == set(audio) and engine.num_requests == 0 and not engine.has_work()
+    assert finished == set(audio) and not engine.states and not engine.has_work()
     for i, c in codes.items():
         assert sent_frames[f"r{i}"] == schedules[i]  # split chunks leave whole: the talker's chunking, unchanged
         full = decoder(torch.from_numpy(c.T[None].astype(np.int64)))[0].numpy()
@@ -247,3 +254,37 @@ def test_calibration_returns_a_positive_budget_quickly(decoder):
     elapsed = time.perf_counter() - started
     assert isinstance(budget, int) and 1 <= budget <= 32 * 25
     assert elapsed < 3.0                   # MAX_CALIBRATION_SECONDS = 1 s, plus the warm-up and one size's overrun
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Stage
+# ------------------------------------------------------------------------------------------------------------
+def test_code2wav_stage_loads_the_speech_decoder_alone(tmp_path):
+    """A model directory holding only speech_tokenizer/ (no config.json, no text tokenizer, no talker weights)
+    starts the code2wav stage: it loads nothing else."""
+    shutil.copytree(FIXTURES / "tiny-custom-voice" / "speech_tokenizer", tmp_path / "speech_tokenizer")
+    with RingOwner.create(num_slots=4, max_frames=25, edge="c2w") as ring, zmq.Context() as ctx:
+        events = ctx.socket(zmq.PULL)
+        events.setsockopt(zmq.RCVTIMEO, 120_000)  # a stage that died silently fails the test instead of hanging it
+        events.bind(f"ipc://{tmp_path}/events")
+        launch = StageLaunch(stage="code2wav", model_dir=str(tmp_path), device="cpu", dtype="float32",
+                             max_batch_size=2, command_address=f"ipc://{tmp_path}/code2wav",
+                             event_address=f"ipc://{tmp_path}/events", connector=ring.spec, frame_budget=4)
+        process = multiprocessing.get_context("spawn").Process(target=code2wav_stage.main,
+                                                               args=(msgspec.msgpack.encode(launch),))
+        process.start()
+        commands = ctx.socket(zmq.PUSH)
+        commands.connect(launch.command_address)
+        try:
+            decoder = msgspec.msgpack.Decoder(StageEvent)
+            first = decoder.decode(events.recv())
+            while isinstance(first, Heartbeat):
+                first = decoder.decode(events.recv())
+            assert isinstance(first, Ready), first
+            commands.send(msgspec.msgpack.encode(Shutdown()))
+            process.join(30)
+            assert process.exitcode == 0
+        finally:
+            process.kill()
+            events.close(linger=0)
+            commands.close(linger=0)

@@ -5,6 +5,7 @@ import pytest
 from conftest import FIXTURES, GOLDEN_CASES, case_requests
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
+from omni_tts.engine.offline import prepare, synthesize
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
@@ -25,7 +26,7 @@ def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget
     code2wav_frames: the decoder's frame budget per step (7 splits the 25-frame chunks)."""
     talker = TalkerEngine(tts.talker, tts.config, max_batch, 1024, prefill_budget, 512)
     code2wav = Code2WavEngine(tts.decoder, max_batch, code2wav_frames)
-    prepared = [tts.prepare(r) for r in requests]
+    prepared = [prepare(tts, r) for r in requests]
     frames, audio, reasons, chunkers = {}, {}, {}, {}
     pending = list(enumerate(prepared))
     step = 0
@@ -64,7 +65,7 @@ def test_engines_equal_offline(variant, initial):
     tts = model(variant)
     cases = [c for c in GOLDEN_CASES if c["variant"] == variant]
     requests = [r for c in cases for r in case_requests(c)][:6]
-    offline = tts.synthesize(requests)
+    offline = synthesize(tts, requests)
     out, talker, code2wav = run_pipeline(tts, requests, initial=initial, stagger=3)
     for i, expected in enumerate(offline):
         codes, audio, reason = out[f"r{i}"]
@@ -72,7 +73,7 @@ def test_engines_equal_offline(variant, initial):
         assert reason == expected.finish_reason
         assert audio.shape == expected.audio.shape
         np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-    assert talker.stats().num_running == 0 and code2wav.num_requests == 0
+    assert talker.stats().num_running == 0 and not code2wav.states
 
 
 def test_small_batch_limit_queues_and_aborts_free_rows():
@@ -80,7 +81,7 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
     requests = [SynthesisRequest(text=f"Request number {i} says hello.", voice=v, sampling=SamplingParams(
         temperature=0.9 if i % 2 else 0, seed=i, max_new_tokens=30)) for i, v in
         enumerate(["ryan", "vivian", "serena", "aiden", "sohee", "eric"])]
-    offline = [tts.synthesize([r])[0] for r in requests]
+    offline = [synthesize(tts, [r])[0] for r in requests]
     out, talker, code2wav = run_pipeline(tts, requests, max_batch=2, prefill_budget=1, abort_after={4: ["r3"]},
                                          code2wav_frames=None)
     for i, expected in enumerate(offline):
@@ -90,7 +91,7 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
             continue
         np.testing.assert_array_equal(codes, expected.codes)
         np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-    assert talker.stats().num_running == 0 and code2wav.num_requests == 0
+    assert talker.stats().num_running == 0 and not code2wav.states
 
 
 @pytest.mark.parametrize("initial,size,frames,expected", [

@@ -10,6 +10,7 @@ import pytest
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests
 from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
 from omni_tts.connectors import RingSpec, TcpSpec
+from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -65,7 +66,7 @@ def many_requests(n, max_new_tokens=40):
 def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
     requests = [r for c in GOLDEN_CASES if c["variant"] == variant for r in case_requests(c)][:3]
-    offline = [tts.synthesize([r])[0] for r in requests]
+    offline = [synthesize(tts, [r])[0] for r in requests]
 
     async def main():
         async with AsyncTTSEngine(str(FIXTURES / variant), stage_config(kind)) as engine:
@@ -84,7 +85,7 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
 def test_24_concurrent_requests_each_get_their_own_audio():
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     requests = many_requests(24)
-    offline = tts.synthesize(requests)  # a batch gives each request what it gives alone (test_synthesize)
+    offline = synthesize(tts, requests)  # a batch gives each request what it gives alone (test_synthesize)
 
     async def main():
         async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
@@ -113,7 +114,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
     for i in cancelled:  # 191 frames each: cancelled at their first audio, they cannot have ended
         requests[i] = SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan", sampling=SamplingParams(
             temperature=0, repetition_penalty=1.0, max_new_tokens=2000))
-    offline = tts.synthesize(requests)
+    offline = synthesize(tts, requests)
 
     async def main():
         async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from omni_tts.models.qwen3_tts.generation import token_limit
+from omni_tts.engine.offline import synthesize
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
@@ -48,9 +49,15 @@ def test_server_defaults_come_between_the_request_and_the_checkpoint():
     assert (r.temperature, r.top_k, r.top_p, r.seed) == (0.5, 3, 1.0, 1)
 
 
+def one_row_sampler(params) -> BatchSampler:
+    sampler = BatchSampler(1, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler.set_row(0, params)
+    return sampler
+
+
 def test_talker_processing_order():
     params = [resolve_sampling(SamplingParams(temperature=0, repetition_penalty=2.0, seed=0), GEN)]
-    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler = one_row_sampler(params[0])
     logits = torch.full((1, 3072), -5.0)
     logits[0, 2150] = 100.0   # EOS is best but forbidden for the first 2 tokens
     logits[0, 2500] = 90.0    # suppressed control id
@@ -150,7 +157,7 @@ def test_noise_is_positive_where_all_its_bits_are_set():
 @pytest.mark.parametrize("top_k", [0, 2])
 def test_a_suppressed_id_is_never_sampled(top_k):
     params = [resolve_sampling(SamplingParams(temperature=1.0, top_k=top_k, seed=TOP_BITS_SEED), GEN)]
-    sampler = BatchSampler.for_batch(params, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
+    sampler = one_row_sampler(params[0])
     ids = sampler.sample_talker(torch.randn(1, 3072, generator=torch.Generator().manual_seed(0)), slice(0, 1))
     assert ids.item() < 2048 or ids.item() == 2150
 
@@ -163,12 +170,12 @@ def test_token_limit_rule():
 
 
 def test_frame_cap_ends_a_runaway_utterance_with_length():
-    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=20)
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     # "Hi." is 2 text tokens: limit max(20, 24) = 24 tokens -> 23 frames, although generation_config allows 8192
-    result = tts.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english",
-                                              sampling=SamplingParams(temperature=0, repetition_penalty=1.0))])[0]
+    result = synthesize(tts, [SynthesisRequest(text="Hi.", voice="ryan", language="english",
+                                               sampling=SamplingParams(temperature=0, repetition_penalty=1.0))],
+                        token_cap_floor=20)[0]
     assert result.codes.shape[0] == 23 and result.finish_reason == "length"
-    uncapped = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), token_cap_floor=None)
-    longer = uncapped.synthesize([SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
-        temperature=0, repetition_penalty=1.0, max_new_tokens=40))])[0]
+    longer = synthesize(tts, [SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
+        temperature=0, repetition_penalty=1.0, max_new_tokens=40))], token_cap_floor=None)[0]
     assert longer.codes.shape[0] > 23

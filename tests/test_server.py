@@ -19,6 +19,7 @@ import soundfile as sf
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
 from omni_tts.audio.encoding import to_int16
 from omni_tts.config import load_stage_config, stage_threads
+from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -33,7 +34,7 @@ REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
 
 def offline_pcm(variant, **kwargs):
     tts = _offline(variant)
-    result = tts.synthesize([SynthesisRequest(sampling=SamplingParams(**GREEDY), **kwargs)])[0]
+    result = synthesize(tts, [SynthesisRequest(sampling=SamplingParams(**GREEDY), **kwargs)])[0]
     return to_int16(result.audio)
 
 

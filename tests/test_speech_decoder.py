@@ -16,7 +16,8 @@ from omni_tts.models.qwen3_tts.random_model import randomize_speech_tokenizer
 from omni_tts.models.qwen3_tts.weights import WeightsError, load_strict, read_tensors, safetensors_files
 
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
-from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
+from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
+from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "qwen3_tts"
 CASES = FIXTURES / "cases"

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import FIXTURES
 from omni_tts.audio.encoding import to_int16
+from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -182,7 +183,7 @@ def test_16_sessions_and_16_http_requests_get_their_own_audio(cv_server):
     voices = ["ryan", "vivian", "serena", "aiden", "eric", "dylan", "sohee", "ono_anna"]
     texts = [f"Request {i}: {TEXT.split('.')[0]}." for i in range(16)]
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
-    expected = [to_int16(r.audio) for r in tts.synthesize([
+    expected = [to_int16(r.audio) for r in synthesize(tts, [
         SynthesisRequest(text=t, voice=voices[i % 8], non_streaming_mode=False,
                          sampling=SamplingParams(temperature=0, max_new_tokens=32)) for i, t in enumerate(texts)])]
     rng = random.Random(16)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
+from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.engine.talker_runner import batch_buckets, slot_buckets
 from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
@@ -91,7 +92,7 @@ def test_buckets():
 
 def run(tts, engine, requests, stagger, abort=None):
     """Requests join every `stagger` steps; abort = (step, request index). Returns {index: frames}."""
-    prepared = [tts.prepare(r) for r in requests]
+    prepared = [prepare(tts, r) for r in requests]
     frames = {i: [] for i in range(len(requests))}
     step = 0
     while step == 0 or engine.has_work() or step <= stagger * len(requests):

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
+from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.engine.talker_runner import _bucket
 from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
-from omni_tts.models.qwen3_tts.generation import token_limit
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest, embed_prompt, embed_text
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -155,7 +156,7 @@ def test_text_arriving_late_gives_the_whole_texts_codes_dynamic_and_static(varia
         requests = [SynthesisRequest(text=long_text if i % 2 else TEXTS[i], x_vector_only=i % 3 == 0,
                                      sampling=SamplingParams(temperature=0, max_new_tokens=60), **ref)
                     for i in range(4)]
-    prepared = [tts.prepare(r) for r in requests]
+    prepared = [prepare(tts, r) for r in requests]
     plans = []
     for i, p in enumerate(prepared):
         first = p.prompt.prefill_text_tokens
@@ -185,6 +186,6 @@ def test_parked_rows_lie_beyond_a_full_buckets_padding(one_torch_thread):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     requests = [SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice=VOICES[i % len(VOICES)], non_streaming_mode=False,
                                  sampling=SamplingParams(temperature=0, max_new_tokens=24)) for i in range(8)]
-    prepared = [tts.prepare(r) for r in requests]
+    prepared = [prepare(tts, r) for r in requests]
     plans = [[(0, 2), (30, len(p.prompt.text_ids))] if i < 3 else None for i, p in enumerate(prepared)]
     assert assert_whole_texts_codes(tts, prepared, plans, max_rows=8) == 3

@@ -1,9 +1,9 @@
 """CPU thread budget of the stage processes.
 
 torch sizes its intra-op pool to every core by default, so two stage processes beside the API process would each
-spin OpenMP threads against the others (measured on 2 cores: 2.7x less throughput, `docs/benchmarks.md`). Every
-computing process therefore gets an explicit share: a stage's `threads:` from the YAML, otherwise a split of the
-cores this process may run on.
+spin OpenMP threads against the others, and oversubscribed they lose most of their throughput (`docs/benchmarks.md`,
+Thread splits). Every computing process therefore gets an explicit share: a stage's `threads:` from the YAML,
+otherwise a split of the cores this process may run on.
 """
 from __future__ import annotations
 
@@ -59,10 +59,9 @@ def code2wav_lanes(pipeline: PipelineConfig, threads: dict[str, int]) -> int:
     talker's cores when both stages compute on the CPU.
 
     The extra lanes oversubscribe the cores on purpose: the talker at its lower priority yields them to decoding and
-    takes them back whenever code2wav waits, which keeps both cores busy where a fixed split leaves the talker's
-    idle (it needs ~40 % of a core at c = 16 on `medium`). Measured on 2 cores, `medium`, c = 16: +17 % audio-s/s
-    (`docs/benchmarks.md`); separate calls on separate threads scale where one call on two threads does not
-    (a 1 x 8-frame call: 2 lanes 1.65x the frames per second of one, 2 threads on one call ~1.3x)."""
+    takes them back whenever code2wav waits, which keeps both cores busy where a fixed split leaves part of the
+    talker's idle; and separate calls on separate threads scale where one call on two threads does not (figures:
+    `docs/benchmarks.md`, Decoder lanes)."""
     stages = pipeline.stages
     if stages.code2wav.lanes is not None:
         return stages.code2wav.lanes

@@ -1,9 +1,9 @@
 """Talker-side grouping of frames into connector chunks: a small first chunk for a fast first packet, then chunks
-that double up to `codec_chunk_frames` (1, 2, 4, 8, 16, 25, 25, ...): with a 25-frame second chunk a player that
-got 80 ms of audio first waited 25 talker steps for more, and code2wav had nothing to decode meanwhile (c = 16,
-`medium`, 2 cores: mean player stall 0.87-1.09 -> 0.32-0.69 s, `docs/benchmarks.md`). The remainder is flushed when
-the request ends, or early (`flush`) when the request waits for text that has not arrived: frames already made must
-not wait for words still to come."""
+that double up to `codec_chunk_frames` (1, 2, 4, 8, 16, 25, 25, ...), so that the player's second packet does not
+wait a whole `codec_chunk_frames` of talker steps behind its first, and code2wav has frames to decode meanwhile
+(the stalls this removes: `docs/benchmarks.md`, "Chunks double"). The remainder is flushed when the request ends,
+or early (`flush`) when the request waits for text that has not arrived: frames already made must not wait for
+words still to come."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 
 class FrameChunker:
     def __init__(self, initial_chunk_frames: int, chunk_frames: int) -> None:
-        self.initial, self.size = initial_chunk_frames, chunk_frames
+        self.initial_chunk_frames, self.chunk_frames = initial_chunk_frames, chunk_frames
         self.frames: list[np.ndarray] = []
         self.num_chunks = 0
 
@@ -20,7 +20,8 @@ class FrameChunker:
         At the end the remainder is returned, possibly with F = 0 (a bare end marker)."""
         if frame is not None:
             self.frames.append(frame)
-        target = self.initial if self.num_chunks == 0 else min(self.size, self.initial << self.num_chunks)
+        target = (self.initial_chunk_frames if self.num_chunks == 0
+                  else min(self.chunk_frames, self.initial_chunk_frames << self.num_chunks))
         if not finished and len(self.frames) < target:
             return None
         chunk = np.stack(self.frames).astype(np.int32) if self.frames else np.zeros((0, 16), np.int32)

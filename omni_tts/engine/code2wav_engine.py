@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.speech_decoder import DecoderStreamState, SpeechDecoder
+from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
+from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 
@@ -44,14 +45,15 @@ class AudioOutput:
 class Code2WavEngine:
     """Owns the decoder and one stream state per request; a `Code2WavScheduler` picks each step's pieces.
 
-    `max_frames_per_step` None means no frame budget (benchmarks time whole batches of chunks).
+    `frame_budget` bounds each decoder call (one lane's, frames summed over its rows); None means no budget
+    (benchmarks time whole batches of chunks).
     """
 
-    def __init__(self, decoder: SpeechDecoder, max_batch_size: int, max_frames_per_step: int | None = None,
+    def __init__(self, decoder: SpeechDecoder, max_batch_size: int, frame_budget: int | None = None,
                  lanes: int = 1) -> None:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
-        self.scheduler = Code2WavScheduler(max_batch_size, max_frames_per_step,
+        self.scheduler = Code2WavScheduler(max_batch_size, frame_budget,
                                            decoder.samples_per_frame / SAMPLE_RATE, lanes)
         # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
         self.lane_pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="code2wav-lane") if lanes > 1 else None
@@ -83,10 +85,6 @@ class Code2WavEngine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.states)
 
     @torch.inference_mode()
     def step(self) -> list[AudioOutput]:

@@ -71,10 +71,10 @@ class Code2WavRequest:
         self.deadline = arrival_time     # monotonic seconds when its player runs (or ran) dry
         self.has_audio = False
 
-    def take(self, max_frames: int, lane: int) -> ScheduledPiece:
-        """The next at most `max_frames` frames of the oldest chunk."""
+    def take(self, budget_left: int, lane: int) -> ScheduledPiece:
+        """The next at most `budget_left` frames of the oldest chunk."""
         chunk, start = self.chunks[0], self.num_taken
-        piece = ScheduledPiece(self.request_id, chunk, start, min(chunk.codes.shape[0], start + max_frames), lane)
+        piece = ScheduledPiece(self.request_id, chunk, start, min(chunk.codes.shape[0], start + budget_left), lane)
         if piece.ends_chunk:
             self.chunks.popleft()
         self.num_taken = 0 if piece.ends_chunk else piece.end
@@ -84,14 +84,14 @@ class Code2WavRequest:
 class Code2WavScheduler:
     """Owns the requests' chunk queues and playback clocks; `schedule` picks a step's pieces, `postprocess` books them.
 
-    `max_frames_per_step` None means no frame budget (whole chunks of up to `max_batch_size` requests per step, in
-    one lane); otherwise it bounds each of the `lanes` calls of a step.
+    `frame_budget` None means no budget (whole chunks of up to `max_batch_size` requests per step, in one lane);
+    otherwise it bounds each of the `lanes` decoder calls of a step.
     """
 
-    def __init__(self, max_batch_size: int, max_frames_per_step: int | None, frame_seconds: float,
+    def __init__(self, max_batch_size: int, frame_budget: int | None, frame_seconds: float,
                  lanes: int = 1) -> None:
         self.max_batch_size = max_batch_size
-        self.max_frames_per_step = sys.maxsize if max_frames_per_step is None else max_frames_per_step
+        self.frame_budget = sys.maxsize if frame_budget is None else frame_budget
         self.lanes = lanes
         self.frame_seconds = frame_seconds   # audio seconds per codec frame
         self.requests: dict[str, Code2WavRequest] = {}
@@ -118,14 +118,14 @@ class Code2WavScheduler:
         # sorted() is stable and the dict keeps arrival order: equal deadlines go in arrival order
         ready = sorted((r for r in self.requests.values() if r.chunks), key=lambda r: r.deadline)
         batch: list[ScheduledPiece] = []
-        lane, budget = 0, self.max_frames_per_step
+        lane, budget_left = 0, self.frame_budget
         for request in ready[:self.max_batch_size]:
-            if budget == 0:
-                lane, budget = lane + 1, self.max_frames_per_step
+            if budget_left == 0:
+                lane, budget_left = lane + 1, self.frame_budget
                 if lane == self.lanes:
                     break
-            batch.append(request.take(budget, lane))
-            budget -= batch[-1].num_frames
+            batch.append(request.take(budget_left, lane))
+            budget_left -= batch[-1].num_frames
         return batch
 
     def postprocess(self, batch: list[ScheduledPiece], now: float) -> None:

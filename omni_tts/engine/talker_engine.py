@@ -3,14 +3,12 @@
 A step reads schedule → run → postprocess: the torch-free `TalkerScheduler` picks the rows (admitting waiting
 requests within a prefill token budget), the `TalkerRunner` prefills the admitted prompts together and runs one
 decode step for every row on the device, and the scheduler turns the step's [B, 17] tokens into frames and frees
-finished rows. The serving stage and offline `Qwen3TTS.synthesize` both drive this one loop.
+finished rows. The serving stage and offline synthesis (`offline.py`) both drive this one loop.
 
 A request may start before its text is whole (`TalkerRequest.text_done` False) and receive the rest by
 `append_text`; a row whose next step needs text that has not arrived is parked outside the batch meanwhile.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
@@ -18,19 +16,9 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .talker_runner import TalkerRunner
-from .talker_scheduler import FrameOutput, TalkerRequest, TalkerScheduler, max_trailing_rows
+from .talker_scheduler import FrameOutput, TalkerRequest, TalkerScheduler, TalkerSchedulerStats, max_trailing_rows
 
-__all__ = ["FrameOutput", "TalkerEngine", "TalkerEngineStats", "TalkerRequest"]
-
-
-@dataclass
-class TalkerEngineStats:
-    num_running: int
-    num_waiting: int
-    num_parked: int
-    free_rows: int
-    steps: int
-    request_ids: list[str] = field(default_factory=list)
+__all__ = ["FrameOutput", "TalkerEngine", "TalkerRequest"]
 
 
 class TalkerEngine:
@@ -77,10 +65,8 @@ class TalkerEngine:
     def waiting_for_text(self) -> list[str]:
         return self.scheduler.waiting_for_text()
 
-    def stats(self) -> TalkerEngineStats:
-        s = self.scheduler.stats()
-        return TalkerEngineStats(s.num_running, s.num_waiting, s.num_parked, s.free_rows, self.num_steps,
-                                 s.request_ids)
+    def stats(self) -> TalkerSchedulerStats:
+        return self.scheduler.stats()
 
     @torch.inference_mode()
     def step(self) -> list[FrameOutput]:

@@ -361,6 +361,7 @@ def _synthesize(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from omni_tts.engine.offline import synthesize
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
@@ -383,7 +384,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         instructions=args.instructions, ref_audio=args.ref_audio, ref_text=args.ref_text,
         x_vector_only=args.x_vector_only, non_streaming_mode=args.non_streaming_mode,
         sampling=SamplingParams.of(args))
-    result = tts.synthesize([request])[0]
+    result = synthesize(tts, [request])[0]
     if out_ext == ".npy":
         np.save(args.out, result.audio.astype(np.float32))
     else:

@@ -41,8 +41,8 @@ import zmq.asyncio
 from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
 from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, create_owner
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
-from omni_tts.models.qwen3_tts.generation import token_limit
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, reference_audio_24k
 from omni_tts.models.qwen3_tts.prompt import (PromptBuilder, PromptLimits, RequestError, SynthesisRequest,
                                               TalkerPrompt)
@@ -183,7 +183,7 @@ class AsyncTTSEngine:
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
                                     if name == "talker"
-                                    else {"max_frames_per_step": cfg.max_frames_per_step,
+                                    else {"frame_budget": cfg.max_frames_per_step,
                                           "lanes": code2wav_lanes(self.pipeline, self.threads)}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)

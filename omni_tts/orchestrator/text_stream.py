@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from omni_tts.models.qwen3_tts.generation import token_limit
+from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
 from omni_tts.models.qwen3_tts.prompt import RequestError, TalkerPrompt
 from omni_tts.models.qwen3_tts.sampling import ResolvedSampling

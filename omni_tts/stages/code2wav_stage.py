@@ -12,7 +12,7 @@ import torch
 
 from omni_tts.connectors.kinds import chunk_reader
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_frame_budget
-from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
 from .common import StageIO, run_stage
 from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioChunk, DurationHistogram, GetStats,
@@ -25,13 +25,13 @@ _RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dr
 
 class Code2WavStage:
     def __init__(self, launch: StageLaunch) -> None:
-        tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype), with_talker=False)
-        max_frames = launch.max_frames_per_step
-        if max_frames is None:
-            max_frames = measure_frame_budget(tts.decoder, launch.chunk_frames, launch.max_batch_size)
-        logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", max_frames,
-                    "measured" if launch.max_frames_per_step is None else "configured", launch.lanes)
-        self.engine = Code2WavEngine(tts.decoder, launch.max_batch_size, max_frames, launch.lanes)
+        decoder = load_speech_decoder(launch.model_dir, launch.device, getattr(torch, launch.dtype))
+        frame_budget = launch.frame_budget
+        if frame_budget is None:
+            frame_budget = measure_frame_budget(decoder, launch.chunk_frames, launch.max_batch_size)
+        logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
+                    "measured" if launch.frame_budget is None else "configured", launch.lanes)
+        self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop

@@ -151,5 +151,5 @@ class StageLaunch(msgspec.Struct):
     enforce_eager: bool = False      # talker: no CUDA graphs
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
-    max_frames_per_step: int | None = None   # code2wav frame budget per decoder call; None = measured at start
+    frame_budget: int | None = None  # code2wav: frames per decoder call (each lane's); None = measured at start
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)

@@ -100,7 +100,7 @@ class TalkerStage:
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
             self.io.send(StageStats(
-                "talker", os.getpid(), stats.request_ids, stats.steps, time.process_time(), self.step_durations,
+                "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(), self.step_durations,
                 prompts_waiting_for_text=sum(not t.in_engine for t in self.open_texts.values()),
                 rows_waiting_for_text=stats.num_parked))
 

@@ -155,14 +155,6 @@ class BatchSampler:
         self.suppressed = suppressed
         self.eos_column = torch.arange(talker_vocab, device=device) == eos_id
 
-    @classmethod
-    def for_batch(cls, params: list[ResolvedSampling], talker_vocab: int, audio_vocab: int, eos_id: int,
-                  device: torch.device | str) -> "BatchSampler":
-        sampler = cls(len(params), talker_vocab, audio_vocab, eos_id, device)
-        for row, p in enumerate(params):
-            sampler.set_row(row, p)
-        return sampler
-
     def set_row(self, row: int, params: ResolvedSampling) -> None:
         for name, column in self.columns.items():
             column[row] = getattr(params, name)
