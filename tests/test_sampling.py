@@ -40,7 +40,7 @@ def test_out_of_range_values_name_the_field(field, value):
     """The error carries the field (`param`), for the HTTP envelope: nobody parses it out of the message."""
     with pytest.raises(SamplingError) as info:
         resolve_sampling(SamplingParams(**{field: value}), GEN)
-    assert info.value.param == field and str(info.value).startswith(f"{field}: ")
+    assert info.value.param == field and str(info.value).startswith(f"{field} must be ")
 
 
 def test_server_defaults_come_between_the_request_and_the_checkpoint():

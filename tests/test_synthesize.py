@@ -72,9 +72,9 @@ def test_cli_voice_clone_from_ref_audio(tmp_path):
     (["--voice", "nobody"], "unknown voice 'nobody'"),
     (["--language", "klingon"], "unsupported language 'klingon'"),
     (["--task-type", "Base"], "does not match the loaded CustomVoice checkpoint"),
-    (["--temperature", "-1"], "temperature must be in [0, 100]"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--temperature", "-1"], "temperature must be a number in [0, 100]"),
+    (["--top-p", "1.5"], "top_p must be a number in (0, 1]"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be an integer in [2, 8192]"),
     (["--ref-audio", "/nonexistent.wav"], "file not found"),
     (["--text", "   "], "input text is empty"),
 ])

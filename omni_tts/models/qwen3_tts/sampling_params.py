@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, get_args, get_type_hints
 
 import msgspec
 
@@ -72,11 +72,22 @@ class SamplingParams(SamplingDefaults, kw_only=True, forbid_unknown_fields=True)
             value = getattr(self, name)
             try:
                 msgspec.convert(value, _FIELD_TYPES[name])
-            except msgspec.ValidationError as e:
-                raise SamplingError(name, f"{name}: {e}, got {value!r}") from None
+            except msgspec.ValidationError:
+                raise SamplingError(name, f"{name} must be {value_range(name)}, got {value!r}") from None
 
 
 _FIELD_TYPES = get_type_hints(SamplingParams, include_extras=True)
+
+
+def value_range(name: str) -> str:
+    """A field's range as a person reads it, from its annotation: `in [0, 100]`, `in (0, 1]`, `an integer in ...`."""
+    meta = next(m for arg in get_args(_FIELD_TYPES[name]) for m in get_args(arg)[1:] if isinstance(m, msgspec.Meta))
+    kind = next(get_args(arg)[0] for arg in get_args(_FIELD_TYPES[name]) if get_args(arg))
+    def bound(value: float) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    low = f"[{bound(meta.ge)}" if meta.ge is not None else f"({bound(meta.gt)}"
+    high = f"{bound(meta.le)}]" if meta.le is not None else f"{bound(meta.lt)})"
+    return f"{'an integer' if kind is int else 'a number'} in {low}, {high}"
 
 
 @dataclass(frozen=True)
