@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
-from omni_tts.audio.encoding import to_int16
+from omni_tts.audio.pcm import to_int16
 from omni_tts.config import load_stage_config, stage_threads
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest

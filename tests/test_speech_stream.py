@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from omni_tts.audio.encoding import to_int16
+from omni_tts.audio.pcm import to_int16
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
