@@ -497,3 +497,47 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
         assert {upload.result()["name"] for upload in waiting} == set(names)
     for name in names:
         assert request(base_server.url + f"/v1/audio/voices/{name}", method="DELETE")[0] == 200
+
+
+def _unclosed_codec_containers() -> list:
+    """PyAV output containers alive in this process that no closed stream encoder owns: an encoder dropped unclosed
+    leaves its container in a reference cycle, holding its codec context until a garbage collection."""
+    import gc
+
+    import av
+
+    from omni_tts.audio.encoding import AvStreamEncoder
+
+    objects = gc.get_objects()
+    closed = {id(o._container) for o in objects if type(o) is AvStreamEncoder and o._finished}
+    return [o for o in objects if type(o) is av.container.OutputContainer and id(o) not in closed]
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
+    import asyncio
+    import gc
+
+    import aiohttp
+
+    from server_util import app_in_process
+
+    async def main():
+        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
+            async with aiohttp.ClientSession() as http:
+                body = {"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "mp3",
+                        "stream": True, "stream_format": stream_format, "temperature": 0}
+                response = await http.post(url + "/v1/audio/speech", json=body)
+                assert response.status == 200 and await response.content.readany()
+                response.close()  # the client goes away mid-stream
+            while state.admitted:
+                await asyncio.sleep(0.01)
+            assert state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) == 1
+            assert _unclosed_codec_containers() == []
+
+    gc.collect()
+    gc.disable()  # what the GC would free late must still be there to be seen
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
