@@ -121,3 +121,18 @@ async def app_in_process(model_dir: str, **config):
         yield f"http://127.0.0.1:{port}", app[STATE]
     finally:
         await runner.cleanup()
+
+
+def unclosed_codec_containers() -> list:
+    """PyAV output containers alive in this process that no closed stream encoder owns: an encoder dropped unclosed
+    leaves its container in a reference cycle, holding its codec context until a garbage collection (run with the
+    GC off to see it)."""
+    import gc
+
+    import av
+
+    from omni_tts.audio.encoding import AvStreamEncoder
+
+    objects = gc.get_objects()
+    closed = {id(o._container) for o in objects if type(o) is AvStreamEncoder and o._finished}
+    return [o for o in objects if type(o) is av.container.OutputContainer and id(o) not in closed]

@@ -499,20 +499,6 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
         assert request(base_server.url + f"/v1/audio/voices/{name}", method="DELETE")[0] == 200
 
 
-def _unclosed_codec_containers() -> list:
-    """PyAV output containers alive in this process that no closed stream encoder owns: an encoder dropped unclosed
-    leaves its container in a reference cycle, holding its codec context until a garbage collection."""
-    import gc
-
-    import av
-
-    from omni_tts.audio.encoding import AvStreamEncoder
-
-    objects = gc.get_objects()
-    closed = {id(o._container) for o in objects if type(o) is AvStreamEncoder and o._finished}
-    return [o for o in objects if type(o) is av.container.OutputContainer and id(o) not in closed]
-
-
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
 def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
     import asyncio
@@ -520,7 +506,7 @@ def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
 
     import aiohttp
 
-    from server_util import app_in_process
+    from server_util import app_in_process, unclosed_codec_containers
 
     async def main():
         async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
@@ -533,7 +519,7 @@ def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
             while state.admitted:
                 await asyncio.sleep(0.01)
             assert state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) == 1
-            assert _unclosed_codec_containers() == []
+            assert unclosed_codec_containers() == []
 
     gc.collect()
     gc.disable()  # what the GC would free late must still be there to be seen
