@@ -527,3 +527,27 @@ def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
         asyncio.run(main())
     finally:
         gc.enable()
+
+
+def test_one_mapping_from_engine_errors_to_statuses():
+    from omni_tts.entrypoints.api.errors import api_error
+    from omni_tts.entrypoints.protocol import ApiError
+    from omni_tts.models.qwen3_tts.prompt import RequestError
+    from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
+
+    cases = [
+        (RequestError("voice", "unknown voice"), 400, "unknown voice", "invalid_request"),
+        (StageDeadError("stage talker failed"), 503, "stage talker failed", "service_unavailable"),
+        (RequestTimedOut("no audio within 2 s", before_first_audio=True), 503,
+         "the server is overloaded: no audio within 2 s; retry shortly", "service_unavailable"),
+        (RequestTimedOut("the speech did not finish within 9 s", before_first_audio=False), 504,
+         "the speech did not finish within 9 s", "server_error"),
+        (RequestFailed("code2wav cannot decode"), 500, "speech generation failed: code2wav cannot decode",
+         "server_error"),
+    ]
+    for error, status, message, code in cases:
+        mapped = api_error(error)
+        assert (mapped.status, mapped.message, mapped.code) == (status, message, code), error
+    assert api_error(RequestError("voice", "x")).param == "voice"
+    own = ApiError(429, "busy")
+    assert api_error(own) is own

@@ -19,10 +19,10 @@ each call reads the directory again:
   listing is never stale. Blocking.
 - `add` and `delete` take an exclusive `flock` on `.lock`, one writer at a time across all replicas, held while
   every voice is read afresh and the clip and meta.json are written and synced; uploads are rare, so the voice
-  limit and the quota count every replica's voices exactly, not best effort. A load whose clip a writer replaced
-  meanwhile takes the lock too, to remove it: the server runs the store's calls in a pool of their own. `created_at` is max(now, `.created_at` + 1, the newest voice + 1), written to
-  `.created_at` before the voice's meta.json; in a burst (several uploads a second) or after a clock step back it
-  runs a few seconds ahead of the clock, as vllm-omni's does.
+  limit and the quota count every replica's voices exactly. A load whose clip a writer replaced meanwhile takes the
+  lock to remove it: the server runs the store's calls in a pool of their own. `created_at` is max(now,
+  `.created_at` + 1, the newest voice + 1), written to `.created_at` before the voice's meta.json; in a burst or
+  after a clock step back it runs a few seconds ahead of the clock, as vllm-omni's does.
 On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
 directory attribute-cache time (acdirmax, 60 s), and until then a voice uploaded through another host is unknown.
 

@@ -170,8 +170,8 @@ class SpeechSession:
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config
-        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_key=self.voice_key, first_audio_timeout=server.first_audio_timeout,
-                    timeout=server.request_timeout)
+        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_key=self.voice_key,
+                    first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
     async def send_audio(self, chunks: AsyncIterator[GenerationChunk], sentence_index: int,
                          sentence_text: Callable[[], str], admission: Admission) -> None:
