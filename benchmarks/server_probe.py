@@ -39,7 +39,7 @@ def expected_pcm(model_dir: str, speeches: list[Speech]) -> dict[Speech, np.ndar
     """The offline synthesis of each distinct request (one torch thread: the server owns the cores), as int16."""
     import torch
 
-    from omni_tts.audio.encoding import to_int16
+    from omni_tts.audio.pcm import to_int16
     from omni_tts.engine.offline import synthesize
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest

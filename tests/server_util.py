@@ -1,4 +1,7 @@
-"""Start `omni-tts serve` as a real process on a free loopback port, and call it, for the HTTP tests."""
+"""Start `omni-tts serve` as a real process on a free loopback port, and call it, for the HTTP tests; or serve the
+same app in the test's own event loop (`AppInProcess`), for tests that look at the server's state between its
+steps."""
+import contextlib
 import json
 import os
 import socket
@@ -93,3 +96,43 @@ def stage_pids(server_pid: int) -> list[int]:
         if ppid == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             children.append(int(pid))
     return children
+
+
+@contextlib.asynccontextmanager
+async def app_in_process(model_dir: str, **config):
+    """The app `omni-tts serve` runs (real stage processes, cpu_tiny), on a free loopback port of this event loop:
+    yields (url, ServerState). `config`: ServerConfig fields."""
+    from aiohttp import web
+
+    from omni_tts.config.stage_config import load_stage_config
+    from omni_tts.entrypoints.api.app import build_app
+    from omni_tts.entrypoints.api.config import ServerConfig
+    from omni_tts.entrypoints.api.state import STATE
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+
+    engine = AsyncTTSEngine(model_dir, load_stage_config("cpu_tiny"))
+    app = build_app(engine, ServerConfig(**{"served_model_names": ("m",), **config}))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as `omni-tts serve` runs it
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        yield f"http://127.0.0.1:{port}", app[STATE]
+    finally:
+        await runner.cleanup()
+
+
+def unclosed_codec_containers() -> list:
+    """PyAV output containers alive in this process that no closed stream encoder owns: an encoder dropped unclosed
+    leaves its container in a reference cycle, holding its codec context until a garbage collection (run with the
+    GC off to see it)."""
+    import gc
+
+    import av
+
+    from omni_tts.audio.encoding import AvStreamEncoder
+
+    objects = gc.get_objects()
+    closed = {id(o._container) for o in objects if type(o) is AvStreamEncoder and o._finished}
+    return [o for o in objects if type(o) is av.container.OutputContainer and id(o) not in closed]

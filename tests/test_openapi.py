@@ -17,7 +17,8 @@ from openapi_spec_validator import validate
 from conftest import FIXTURES
 from omni_tts.config.stage_config import load_stage_config
 from omni_tts.entrypoints.openapi import openapi_document
-from omni_tts.entrypoints.server import ServerConfig, build_app
+from omni_tts.entrypoints.api.app import build_app
+from omni_tts.entrypoints.api.config import ServerConfig
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine
 from server_util import ServerProcess
 

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
-from omni_tts.audio.encoding import to_int16
+from omni_tts.audio.pcm import to_int16
 from omni_tts.config import load_stage_config, stage_threads
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
@@ -467,3 +467,97 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
     finally:
         server.stop()
 
+
+
+def _waits_on_a_file_lock(pid: int) -> bool:
+    """Whether a thread of process `pid` sleeps in flock (the kernel's wait channel names it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                if "lock_inode_wait" in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_server):
+    """Another replica holds the voices dir's writers' lock: uploads wait for it, in a pool of their own, so a
+    streamed mp3 (encoded in the audio pool, its ref_audio decoded there too) is answered meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omni_tts.entrypoints.shared_dir import exclusive
+    from omni_tts.entrypoints.voices import LOCK_FILE
+
+    clip = REF_WAV.read_bytes()
+    names = [f"lock-waiter-{i}" for i in range(6)]  # more than the audio pool's 4 threads
+    with ThreadPoolExecutor(len(names)) as uploads:
+        with exclusive(str(base_server.voices_dir / LOCK_FILE)):
+            waiting = [uploads.submit(upload_voice, base_server, name, clip) for name in names]
+            deadline = time.monotonic() + 30
+            while not _waits_on_a_file_lock(base_server.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            speech = http.client.HTTPConnection("127.0.0.1", base_server.port, timeout=60)
+            speech.request("POST", "/v1/audio/speech", json.dumps(dict(
+                GREEDY, model=MODEL, input="Hello there.", ref_audio=str(REF_WAV), ref_text=REF_TEXT,
+                response_format="mp3", stream=True)), {"Content-Type": "application/json"})
+            answer = speech.getresponse()
+            assert answer.status == 200 and answer.read()[:3] in (b"ID3", b"\xff\xfb", b"\xff\xf3")
+            assert not any(upload.done() for upload in waiting)  # the lock still holds them
+        assert {upload.result()["name"] for upload in waiting} == set(names)
+    for name in names:
+        assert request(base_server.url + f"/v1/audio/voices/{name}", method="DELETE")[0] == 200
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
+    import asyncio
+    import gc
+
+    import aiohttp
+
+    from server_util import app_in_process, unclosed_codec_containers
+
+    async def main():
+        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
+            async with aiohttp.ClientSession() as http:
+                body = {"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "mp3",
+                        "stream": True, "stream_format": stream_format, "temperature": 0}
+                response = await http.post(url + "/v1/audio/speech", json=body)
+                assert response.status == 200 and await response.content.readany()
+                response.close()  # the client goes away mid-stream
+            while state.admitted:
+                await asyncio.sleep(0.01)
+            assert state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) == 1
+            assert unclosed_codec_containers() == []
+
+    gc.collect()
+    gc.disable()  # what the GC would free late must still be there to be seen
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
+
+
+def test_one_mapping_from_engine_errors_to_statuses():
+    from omni_tts.entrypoints.api.errors import api_error
+    from omni_tts.entrypoints.protocol import ApiError
+    from omni_tts.models.qwen3_tts.prompt import RequestError
+    from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
+
+    cases = [
+        (RequestError("voice", "unknown voice"), 400, "unknown voice", "invalid_request"),
+        (StageDeadError("stage talker failed"), 503, "stage talker failed", "service_unavailable"),
+        (RequestTimedOut("no audio within 2 s", before_first_audio=True), 503,
+         "the server is overloaded: no audio within 2 s; retry shortly", "service_unavailable"),
+        (RequestTimedOut("the speech did not finish within 9 s", before_first_audio=False), 504,
+         "the speech did not finish within 9 s", "server_error"),
+        (RequestFailed("code2wav cannot decode"), 500, "speech generation failed: code2wav cannot decode",
+         "server_error"),
+    ]
+    for error, status, message, code in cases:
+        mapped = api_error(error)
+        assert (mapped.status, mapped.message, mapped.code) == (status, message, code), error
+    assert api_error(RequestError("voice", "x")).param == "voice"
+    own = ApiError(429, "busy")
+    assert api_error(own) is own

@@ -3,22 +3,24 @@ audio whatever the cuts and pauses, starts before the text ends, keeps concurren
 bad messages end the session with nothing left in the stages."""
 import asyncio
 import base64
+import gc
 import json
 import random
 import time
+import types
 import urllib.request
 
 import aiohttp
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
-from omni_tts.audio.encoding import to_int16
+from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
+from omni_tts.audio.pcm import to_int16
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from server_util import ServerProcess
+from server_util import ServerProcess, app_in_process, unclosed_codec_containers
 
 MODEL = "qwen3-tts"
 KEY = "stream-test-key"
@@ -316,3 +318,81 @@ def test_idle_sessions_admission_and_the_api_key():
         wait_until_stages_hold_nothing(server)
     finally:
         server.stop()
+
+
+def in_flight(server: ServerProcess) -> float:
+    req = urllib.request.Request(server.url + "/metrics", headers=AUTH)
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("omni_tts_in_flight "))
+
+
+def test_a_config_with_reference_audio_is_admitted_before_its_audio_is_read():
+    """A full server refuses a session.config whose ref_audio it would have to read and decode (429's message),
+    as it refuses an HTTP request's; the slot is the config's only while that work runs."""
+    server = serve("tiny-base", "--max-queue", "1", "--stream-idle-timeout", "60")
+    try:
+        async def main():
+            async with aiohttp.ClientSession() as http:
+                holder = await open_session(server, http, **REF)
+                await holder.send({"type": "input.text", "text": "This utterance holds the only slot"})
+                deadline = time.monotonic() + 30
+                while in_flight(server) != 1 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert in_flight(server) == 1
+                refused = await open_session(server, http, **REF)
+                assert "at capacity" in await refused.closing_error()
+                await holder.ws.close()
+        run(main())
+        wait_until_stages_hold_nothing(server)
+    finally:
+        server.stop()
+
+
+def test_session_config_is_bounded_per_connection(cv_server):
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(cv_server, http)
+            for _ in range(17):
+                await session.send({"type": "session.config", "voice": "ryan", "response_format": "pcm"})
+            assert "at most 16 session.config messages" in await session.closing_error()
+    run(main())
+
+
+def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed():
+    """Watched between the server's steps (the app runs in this loop): the slot is never free while the engine
+    still holds the request."""
+    async def main():
+        async with app_in_process(str(FIXTURES / "tiny-custom-voice"), stream_idle_timeout=60) as (url, state):
+            async with aiohttp.ClientSession() as http:
+                session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan")
+                await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})  # the text stays open
+                while not state.engine.requests:
+                    await asyncio.sleep(0.01)
+                assert state.admitted == 1
+                await session.send({"type": "session.close"})
+                while state.admitted:
+                    await asyncio.sleep(0)
+                assert not state.engine.requests
+    run(main())
+
+
+def test_a_streamed_utterance_the_client_leaves_closes_its_encoder():
+    async def main():
+        async with app_in_process(str(FIXTURES / "tiny-custom-voice"), stream_idle_timeout=60) as (url, state):
+            async with aiohttp.ClientSession() as http:
+                session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan",
+                                             response_format="mp3", stream_audio=True, temperature=0)
+                await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})
+                while not isinstance((await asyncio.wait_for(session.events.get(), 60))[1], bytes):
+                    pass
+                await session.ws.close()  # the client goes away mid-utterance
+            while state.admitted:
+                await asyncio.sleep(0.01)
+            assert unclosed_codec_containers() == []
+
+    gc.collect()
+    gc.disable()  # what the GC would free late must still be there to be seen
+    try:
+        run(main())
+    finally:
+        gc.enable()

@@ -22,8 +22,8 @@ from conftest import FIXTURES
 from audio_util import encode, flac_claiming, tone
 from server_util import free_port
 import omni_tts.audio.ref_audio as ref_audio_module
-from omni_tts.audio.ref_audio import (URL_FAILED, RefAudioError, RemoteAudioFetcher, UrlPolicy, decode_reference,
-                                      fetch_ref_audio)
+from omni_tts.audio.ref_audio import URL_FAILED, RefAudioError, decode_reference, fetch_ref_audio
+from omni_tts.audio.url_fetch import RemoteAudioFetcher, UrlPolicy
 from omni_tts.entrypoints.voices import (CLOCK_FILE, LOCK_FILE, MAX_REF_TEXT_CHARS, ORPHAN_GRACE_S, VoiceError,
                                         VoiceRecord, VoiceStore, validate_name)
 from omni_tts.models.qwen3_tts.audio import load_audio, resampled_length

@@ -109,7 +109,7 @@ def _event(name: str, **properties: dict) -> dict:
 
 
 _INT = {"type": "integer"}
-_SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (speech_stream.py)
+_SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (api/speech_stream.py)
     _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
            format={"type": "string"}, sample_rate=_INT, channels=_INT),
     _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT),

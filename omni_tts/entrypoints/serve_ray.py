@@ -1,4 +1,4 @@
-"""`omni-tts serve-ray`: the HTTP API of `omni-tts serve`, the same aiohttp app (server.py) in this process, in
+"""`omni-tts serve-ray`: the HTTP API of `omni-tts serve`, the same aiohttp app (api/app.py) in this process, in
 front of Ray Serve replicas of the engine (orchestrator/ray_replica.py) instead of one engine of its own.
 
 Ray Serve's HTTP proxy is not used (aiohttp is no ASGI app, and one front end keeps every route, body, stream and
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from omni_tts import package_version
 from omni_tts.config import available_cpus, stage_threads
-from omni_tts.entrypoints.cli import (listener_url, load_checkpoint, prepare_server_process, run_server,
-                                      server_config)
+from omni_tts.entrypoints.serve import (listener_url, load_checkpoint, prepare_server_process, run_server,
+                                        server_config)
 
 if TYPE_CHECKING:
-    from omni_tts.audio.ref_audio import UrlPolicy
+    from omni_tts.audio.url_fetch import UrlPolicy
     from omni_tts.config import PipelineConfig
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `l
 - `__contains__` is called on the event loop and must be cheap; every other method may block and is called in an
   executor.
 Another store (an object store such as S3) plugs in by implementing the protocol and being constructed where
-`ServerState` (server.py) builds the directory store. On an object store the version swap is a conditional put of
+`ServerState` (api/state.py) builds the directory store. On an object store the version swap is a conditional put of
 the voice's metadata object (If-Match on the ETag read, If-None-Match for a new name), `load` revalidates a cached
 voice against that ETag, and `created_at` comes from a counter object advanced the same way.
 

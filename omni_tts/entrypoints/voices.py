@@ -1,33 +1,28 @@
 """Uploaded voices (Base voice cloning): `VoiceStore`, the default voice store, a directory that every replica of
 the server shares. The interface it implements, and the contract any store owes the server (consistency across
 replicas, atomic versioned writes, `created_at`, names, upload checks, status codes), is voice_backend.py's
-`VoiceStoreBackend`; its names are re-exported here.
+`VoiceStoreBackend`; its names are re-exported here. Layout and the atomic write: voice_meta.py. Replicas share
+the directory: a local disk for replicas on one host, a network file system for several hosts (shared_dir.py says
+what the file system must provide).
 
-Layout: `<root>/<name lower-cased>/meta.json` plus the clip exactly as uploaded, `clip-<version><ext>` (the
-extension follows the decoded container, never the client's file name); `<root>/.lock` is the writers' lock and
-`<root>/.created_at` the highest `created_at` handed out. A write puts the clip under a fresh version name and then
-swaps `meta.json` with an atomic rename, so a crash leaves either the old or the new voice, never a half-written one.
-Replicas share the directory: a local disk for replicas on one host, a network file system for several hosts
-(shared_dir.py says what the file system must provide).
-
-Consistency, and its cost. No replica trusts what it read before; each call reads the directory again:
+Consistency, and its cost (figures: docs/benchmarks.md, "Voice store"). No replica trusts what it read before;
+each call reads the directory again:
 - `load` reads the voice's meta.json (one open and read of a few hundred bytes) and compares the bytes with those
   behind its cached record: the same bytes → the cached record and decoded samples; other bytes → parsed, the new
-  version; no file → the voice is gone. A load of a cached voice so takes about 12 µs (a local disk, this
-  project's 2-core VM). Reading rather than stat-ing costs a syscall more and buys exactness: the bytes hold
-  `created_at`, so they name the version exactly, where an mtime has the file system's timestamp granularity and
-  inode numbers are reused; and an open makes an NFS client revalidate with the server (close-to-open), where a
-  stat may answer from its attribute cache.
+  version; no file → the voice is gone. Reading rather than stat-ing costs a syscall more and buys exactness: the
+  bytes hold `created_at`, so they name the version exactly, where an mtime has the file system's timestamp
+  granularity and inode numbers are reused; and an open makes an NFS client revalidate with the server
+  (close-to-open), where a stat may answer from its attribute cache.
 - `in` is one stat of the voice's meta.json (it runs on the event loop, before admission); a hint only: `load`
   decides, and a voice deleted in between is answered as unknown, as it would have been a moment later.
-- `list` (and `len`) read every voice's meta.json and parse the changed ones: N small reads, no TTL, so a listing
-  is never stale (about 12 µs a voice on a local disk: 12 ms for 1000). Blocking.
-- `add` and `delete` take an exclusive `flock` on `.lock` — one writer at a time across all replicas, held while
-  every voice is read afresh and the clip and meta.json are written and synced (an upload of a 3 s clip beside 200
-  voices: 6 ms, decoding included); uploads are rare — so the voice limit and the quota count every replica's
-  voices exactly, not best effort. `created_at` is max(now, `.created_at` + 1, the newest voice + 1), written to
-  `.created_at` before the voice's meta.json; in a burst (several uploads a second) or after a clock step back it
-  runs a few seconds ahead of the clock, as vllm-omni's does.
+- `list` (and `len`) read every voice's meta.json and parse the changed ones: N small reads and no TTL, so a
+  listing is never stale. Blocking.
+- `add` and `delete` take an exclusive `flock` on `.lock`, one writer at a time across all replicas, held while
+  every voice is read afresh and the clip and meta.json are written and synced; uploads are rare, so the voice
+  limit and the quota count every replica's voices exactly. A load whose clip a writer replaced meanwhile takes the
+  lock to remove it: the server runs the store's calls in a pool of their own. `created_at` is max(now,
+  `.created_at` + 1, the newest voice + 1), written to `.created_at` before the voice's meta.json; in a burst or
+  after a clock step back it runs a few seconds ahead of the clock, as vllm-omni's does.
 On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
 directory attribute-cache time (acdirmax, 60 s), and until then a voice uploaded through another host is unknown.
 
@@ -54,7 +49,6 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 import uuid
@@ -68,6 +62,7 @@ from omni_tts.entrypoints.shared_dir import (exclusive, fsync_dir, read_if_exist
 from omni_tts.entrypoints.voice_backend import (MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS, CheckedUpload, VoiceError,
                                                 VoiceRecord, VoiceStoreBackend, check_upload, validate_name,
                                                 voice_key)
+from omni_tts.entrypoints.voice_meta import META, is_clip, meta_bytes, parse_meta
 
 __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "QUOTA_BYTES",
            "CheckedUpload", "VoiceError", "VoiceRecord", "VoiceStore", "VoiceStoreBackend", "check_upload",
@@ -75,8 +70,6 @@ __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_REF_TEXT_CHARS",
 
 logger = logging.getLogger(__name__)
 
-_CLIP_FILE = re.compile(r"clip-[0-9a-f-]+\.(wav|flac|ogg|mp3)")
-META = "meta.json"
 LOCK_FILE = ".lock"
 CLOCK_FILE = ".created_at"
 # a sweep leaves younger leftovers alone: another replica's clip may still be read (reads take milliseconds), and
@@ -85,10 +78,6 @@ ORPHAN_GRACE_S = 60.0
 # a clip that vanishes under a load is a replacement or delete elsewhere: look again, a few times at most
 _LOAD_ATTEMPTS = 3
 QUOTA_BYTES = 1024 ** 3      # all stored clips together (the default of --voices-quota-mb)
-
-
-def _is_clip(file_name: str) -> bool:
-    return _CLIP_FILE.fullmatch(file_name) is not None
 
 
 class VoiceStore:
@@ -144,7 +133,7 @@ class VoiceStore:
                     self._install(key, None, None)
                 return None
             try:
-                record = self._parse_meta(key, raw)
+                record = parse_meta(self.root, key, raw)
             except OSError as e:  # its clip is missing: corrupt, unless meta.json moved on meanwhile
                 if attempt + 1 < _LOAD_ATTEMPTS and read_if_exists(self._meta_path(key)) != raw:
                     continue
@@ -183,33 +172,6 @@ class VoiceStore:
                 self._install(key, None, None)
         return voices
 
-    def _parse_meta(self, entry: str, raw: bytes) -> VoiceRecord:
-        meta = json.loads(raw)
-        if not isinstance(meta, dict):
-            raise ValueError("meta.json is not an object")
-        name = meta["name"]
-        if voice_key(name) != entry:
-            raise ValueError(f"name {name!r} does not match the folder")
-        for field in ("ref_text", "consent"):
-            if meta.get(field) is not None and not isinstance(meta[field], str):
-                raise ValueError(f"{field} is not a string")
-        created, duration = meta["created_at"], meta["duration_s"]
-        size, rate, mime, clip = meta["file_size"], meta["sample_rate"], meta["mime_type"], meta["file"]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                   for v in (created, duration)):
-            raise ValueError("created_at / duration_s are not numbers")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (size, rate)):
-            raise ValueError("file_size / sample_rate are not positive integers")
-        if not isinstance(mime, str) or not isinstance(clip, str) or not _is_clip(clip):
-            raise ValueError("mime_type / file are invalid")
-        path = os.path.join(self.root, entry, clip)
-        actual = os.path.getsize(path)  # OSError when missing
-        if actual != size:
-            raise ValueError(f"{clip} has {actual} bytes, meta.json says {size}")
-        return VoiceRecord(name=name, ref_text=meta.get("ref_text"), created_at=math.ceil(created), file_size=size,
-                           mime_type=mime, duration_s=float(duration), consent=meta.get("consent"),
-                           sample_rate=rate, path=path)
-
     # --- the protocol --------------------------------------------------------------------------------------------
     def list(self) -> list[VoiceRecord]:
         """All voices on disk now, sorted by name (case-insensitively). Blocking: reads every meta.json."""
@@ -246,11 +208,7 @@ class VoiceStore:
                                  file_size=len(upload.audio), mime_type=upload.mime_type,
                                  duration_s=upload.duration_s, consent=upload.consent,
                                  sample_rate=upload.sample_rate, path=os.path.join(folder, clip_file))
-            meta = json.dumps({"name": name, "ref_text": record.ref_text, "created_at": created,
-                               "file_size": record.file_size, "mime_type": record.mime_type,
-                               "duration_s": record.duration_s, "consent": record.consent,
-                               "sample_rate": record.sample_rate, "file": clip_file, "format": upload.container,
-                               "subtype": upload.subtype, "version": 1}, ensure_ascii=False).encode("utf-8")
+            meta = meta_bytes(record, upload)
             try:
                 # the high-water mark first: a crash after it wastes a number, one before the meta.json could not
                 # hand this version's created_at out again once the voice is deleted
@@ -366,7 +324,7 @@ class VoiceStore:
             keep = set() if raw is None else {json.loads(raw)["file"]}
         except (OSError, ValueError, TypeError, KeyError):
             return
-        self._report(remove_stale(folder, _is_clip, keep, ORPHAN_GRACE_S, remove_folder=raw is None))
+        self._report(remove_stale(folder, is_clip, keep, ORPHAN_GRACE_S, remove_folder=raw is None))
 
     @staticmethod
     def _report(failures: list[str]) -> None:

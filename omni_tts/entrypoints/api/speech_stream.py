@@ -11,11 +11,12 @@ split_granularity `token` (the default) makes each utterance one request whose t
 (the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
 first words; `audio.start` then carries the text received so far. `sentence`, `clause` and `none` make a request of
 each sentence, clause or whole utterance, one after another (text_splitter.py). Each request is admitted like an
-HTTP one (--max-queue), with the same validation (the config is a SpeechOptions). Limits: session.config within
-10 s of the connection, no message more than --stream-idle-timeout seconds apart, session.config at most 4 MiB
-(it may carry ref_audio), other messages at most 128 KiB, and the text of one request at most 4096 characters.
-With --api-key, a browser (which cannot set headers on a WebSocket) may send the key as a subprotocol instead
-(server.presented_api_key).
+HTTP one (--max-queue), with the same validation (the config is a SpeechOptions); a session.config whose
+voice needs work (ref_audio to fetch or decode, an uploaded voice to load) takes a slot too while it is done.
+Limits: session.config within 10 s of the connection and at most `MAX_CONFIGS` times per connection, no message
+more than --stream-idle-timeout seconds apart, session.config at most 4 MiB (it may carry ref_audio), other
+messages at most 128 KiB, and the text of one request at most 4096 characters. With --api-key, a browser (which
+cannot set headers on a WebSocket) may send the key as a subprotocol instead (auth.presented_api_key).
 """
 from __future__ import annotations
 
@@ -32,20 +33,26 @@ from omni_tts.audio.encoding import create_stream_encoder
 from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputDone, InputText,
                                            SessionClose, SessionConfig, decode_json)
 from omni_tts.entrypoints.text_splitter import TextSplitter
-from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
-from omni_tts.orchestrator.types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.orchestrator.types import GenerationChunk
 
-from .server import (STATE, WS_PROTOCOL, Admission, ServerState, build_synthesis_request, check_output,
-                     check_speech_request, encode_chunk, encode_whole, record_usage)
+from .admission import Admission
+from .auth import WS_PROTOCOL
+from .errors import REQUEST_ERRORS, api_error
+from .responders import encode_chunk, encode_whole, record_usage
+from .state import STATE, ServerState
+from .synthesis import build_synthesis_request, check_output, check_speech_request
 
 logger = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 4 * 2**20
 MAX_MESSAGE_BYTES = 128 * 2**10
 CONFIG_TIMEOUT = 10.0
-# what ends a session with an error event; anything else is a bug (logged, "internal error")
-SESSION_ERRORS = (ApiError, RequestError, StageDeadError, RequestFailed)
+MAX_CONFIGS = 16   # session.config messages per connection: each may fetch and decode a reference clip
+# the engine's own wait for more text outlasts the session's wait for a message, so an idle client is told so by
+# the session (the engine's deadline, a backstop, would read as an overloaded server)
+TEXT_IDLE_MARGIN_S = 1.0
 
 
 class SessionError(Exception):
@@ -54,21 +61,11 @@ class SessionError(Exception):
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     # beyond max_msg_size aiohttp closes with 1009; WS_PROTOCOL is answered to a browser that sent its key as a
-    # subprotocol (server.presented_api_key)
+    # subprotocol (auth.presented_api_key)
     ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES, protocols=(WS_PROTOCOL,))
     await ws.prepare(request)
     await SpeechSession(request.app[STATE], ws).run()
     return ws
-
-
-def error_message(error: BaseException) -> str:
-    if isinstance(error, ApiError):
-        return error.message
-    if isinstance(error, StageDeadError):
-        return f"the server cannot serve this now: {error}"
-    if isinstance(error, RequestFailed) and not isinstance(error, RequestTimedOut):
-        return f"speech generation failed: {error}"
-    return str(error)
 
 
 class SpeechSession:
@@ -81,6 +78,7 @@ class SpeechSession:
         self.voice_key: str | None = None
         self.utterance: TokenUtterance | SplitUtterance | None = None
         self.utterance_index = 0
+        self.num_configs = 0
         self.failed = False
 
     async def run(self) -> None:
@@ -91,8 +89,8 @@ class SpeechSession:
                 await self._handle(message)
         except SessionError as e:
             await self.fail(str(e))
-        except SESSION_ERRORS as e:
-            await self.fail(error_message(e))
+        except REQUEST_ERRORS as e:
+            await self.fail(api_error(e).message)
         except Exception:
             logger.exception("speech stream session failed")
             await self.fail("internal error; see the server log")
@@ -155,9 +153,16 @@ class SpeechSession:
             self.utterance_index += 1
 
     async def _configure(self, config: SessionConfig) -> None:
+        self.num_configs += 1
+        if self.num_configs > MAX_CONFIGS:
+            raise SessionError(f"at most {MAX_CONFIGS} session.config messages per connection; open a new one")
         check_output(config, config.stream_audio)
         voice = check_speech_request(self.state, config)
-        self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
+        if config.ref_audio is None and voice.uploaded is None:
+            self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
+        else:  # reference audio to fetch, decode or load: admitted first, as an HTTP request's would be
+            with Admission(self.state):
+                self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
         self.config = config
 
     def synthesis(self, text: str) -> SynthesisRequest:
@@ -165,9 +170,8 @@ class SpeechSession:
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config
-        return dict(output_dtype="float32", initial_chunk_frames=config.initial_codec_chunk_frames,
-                    voice_key=self.voice_key, first_audio_timeout=server.first_audio_timeout,
-                    timeout=server.request_timeout)
+        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_key=self.voice_key,
+                    first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
     async def send_audio(self, chunks: AsyncIterator[GenerationChunk], sentence_index: int,
                          sentence_text: Callable[[], str], admission: Admission) -> None:
@@ -178,22 +182,26 @@ class SpeechSession:
         if config.response_format == "pcm":
             start |= {"sample_rate": SAMPLE_RATE, "channels": 1}
         encoder = create_stream_encoder(config.response_format, SAMPLE_RATE) if config.stream_audio else None
-        parts, pending = [], encoder.start() if encoder else b""
-        async for chunk in chunks:
-            if chunk.audio.size:
-                admission.first_audio()
-                if encoder is None:
-                    parts.append(chunk.audio)
-                    continue
-                if total_bytes == 0:
-                    await self.ws.send_json(start | {"sentence_text": sentence_text()})
-                data = pending + await encode_chunk(self.state, encoder, chunk.audio)
-                pending = b""
-                total_bytes += len(data)
-                await self.ws.send_bytes(data)
-            if chunk.usage is not None:
-                record_usage(self.state, chunk, started)
-        data = pending + encoder.finish() if encoder else (await encode_whole(self.state, config, parts))[0]
+        try:
+            parts, pending = [], encoder.start() if encoder else b""
+            async for chunk in chunks:
+                if chunk.audio.size:
+                    admission.first_audio()
+                    if encoder is None:
+                        parts.append(chunk.audio)
+                        continue
+                    if total_bytes == 0:
+                        await self.ws.send_json(start | {"sentence_text": sentence_text()})
+                    data = pending + await encode_chunk(self.state, encoder, chunk.audio)
+                    pending = b""
+                    total_bytes += len(data)
+                    await self.ws.send_bytes(data)
+                if chunk.usage is not None:
+                    record_usage(self.state, chunk, started)
+            data = pending + encoder.finish() if encoder else (await encode_whole(self.state, config, parts))[0]
+        finally:
+            if encoder is not None:
+                encoder.close()  # a cancelled or failed request's codec context is freed now, not by the GC
         if total_bytes == 0:
             await self.ws.send_json(start | {"sentence_text": sentence_text()})
         if data:
@@ -228,7 +236,7 @@ class TokenUtterance:
             session = self.session
             self.admission = Admission(session.state).__enter__()
             self.stream = await session.state.engine.open_text_stream(
-                session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout,
+                session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout + TEXT_IDLE_MARGIN_S,
                 **session.generation_args())
             self.sender = asyncio.create_task(self._send_audio(self.admission))
             text = self.text
@@ -237,8 +245,8 @@ class TokenUtterance:
     async def _send_audio(self, admission: Admission) -> None:
         try:
             await self.session.send_audio(self.stream, 0, lambda: self.text, admission)
-        except SESSION_ERRORS as e:
-            await self.session.fail(error_message(e))
+        except REQUEST_ERRORS as e:
+            await self.session.fail(api_error(e).message)
             raise
         except ConnectionError:
             pass  # the client went away; the session ends with the connection
@@ -254,14 +262,16 @@ class TokenUtterance:
         return 1
 
     async def close(self) -> None:
-        if self.admission is not None:
-            self.admission.__exit__()
-            self.admission = None
+        """Abort the request, then free its slot: a slot freed first would admit another request while this one
+        still runs in the stages."""
         if self.sender is not None:
             self.sender.cancel()
             await asyncio.gather(self.sender, return_exceptions=True)
         if self.stream is not None:
             await self.stream.aclose()
+        if self.admission is not None:
+            self.admission.__exit__()
+            self.admission = None
 
 
 class SplitUtterance:

@@ -1,0 +1,62 @@
+"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (engine_protocol.TTSEngine): the
+orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
+
+Routes: POST /v1/audio/speech (speech.py), WS /v1/audio/speech/stream (speech_stream.py), GET/POST
+/v1/audio/voices and DELETE /v1/audio/voices/{name} (voice_routes.py), GET /v1/models, /health, /metrics, /version
+(info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py). CPU work
+(tokenizer: single worker inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on
+the loop. Each request gets an id (X-Request-Id, the engine's request id) and one access-log line (access_log.py).
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni_tts.entrypoints.names import VoiceNames
+from omni_tts.entrypoints.openapi import openapi_routes
+from omni_tts.entrypoints.playground import playground_routes
+from omni_tts.orchestrator.engine_protocol import TTSEngine
+
+from .access_log import send_request_id
+from .auth import SPEECH_STREAM_PATH, api_key_middleware
+from .config import ServerConfig
+from .cors import Cors
+from .errors import error_middleware
+from .info import INFO_ROUTES
+from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
+from .speech_stream import speech_stream
+from .state import CONFIG, ENGINE, STATE, ServerState
+from .voice_routes import VOICE_ROUTES
+
+
+def build_app(engine: TTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
+    """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
+    cors = Cors(config.allowed_origins)
+    middlewares = [cors.middleware(), count_speech_requests, error_middleware]
+    if config.api_key:
+        middlewares.append(api_key_middleware(config.api_key))
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
+    app[ENGINE], app[CONFIG] = engine, config
+    # refuses a --default-voice the checkpoint lacks before any stage starts
+    voice_names = VoiceNames(engine.config.tts_model_type, engine.prompts.speakers, config.default_voice)
+
+    async def lifecycle(app: web.Application):
+        if owns_engine:
+            await engine.start()
+        state = app[STATE] = ServerState(engine, config, voice_names)
+        yield
+        await state.close()
+        if owns_engine:
+            await engine.shutdown()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(send_request_id)
+    app.on_response_prepare.append(cors.add_headers)
+    app.router.add_routes([
+        web.post("/v1/audio/speech", create_speech),
+        web.get(SPEECH_STREAM_PATH, speech_stream),
+        *VOICE_ROUTES,
+        *INFO_ROUTES,
+        *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
+        *playground_routes(),
+    ])
+    return app

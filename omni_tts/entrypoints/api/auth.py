@@ -1,0 +1,56 @@
+"""The API key (--api-key): every route but openapi.OPEN_PATHS needs it, as a bearer token or, on the WebSocket
+route, where a browser cannot set headers, as a subprotocol."""
+from __future__ import annotations
+
+import base64
+import hmac
+from typing import Callable
+
+from aiohttp import hdrs, web
+
+from omni_tts.entrypoints.openapi import is_open_route
+from omni_tts.entrypoints.protocol import ApiError
+
+SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
+# A browser's WebSocket cannot send headers, only subprotocols: on the stream route the key may come as the
+# subprotocol `omni-tts.bearer.<the key's UTF-8 in base64url, unpadded>`, offered beside `omni-tts`, the one the
+# server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap).
+WS_PROTOCOL = "omni-tts"
+WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
+
+
+def presented_api_key(request: web.Request) -> bytes | None:
+    """The key a request presents: `Authorization: Bearer <key>`, or on the WebSocket route the key subprotocol."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return given.strip().encode("utf-8", "surrogateescape")
+    if request.path != SPEECH_STREAM_PATH:
+        return None
+    offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]
+    for protocol in offered:
+        if protocol.startswith(WS_KEY_PROTOCOL_PREFIX) and WS_PROTOCOL in offered:
+            encoded = protocol[len(WS_KEY_PROTOCOL_PREFIX):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except ValueError:  # binascii.Error: not base64
+                return None
+    return None
+
+
+def api_key_middleware(api_key: str) -> Callable:
+    """401 (OpenAI envelope, code invalid_api_key) unless the request presents the key (`presented_api_key`);
+    OPEN_PATHS stay open (/health for load balancers and supervisors, the /docs and playground pages for browsers,
+    which cannot send the header on navigation). Runs inside error_middleware, which renders the error."""
+    expected = api_key.encode("utf-8")
+
+    @web.middleware
+    async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
+        if not is_open_route(request):
+            given = presented_api_key(request)
+            # constant-time: the comparison must not tell how much of a guessed key was right
+            if given is None or not hmac.compare_digest(given, expected):
+                raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+        return await handler(request)
+
+    return check_api_key

@@ -1,0 +1,71 @@
+"""How an error reaches a client: `api_error` decides, once, the status and OpenAI envelope of every error that
+ends a request (the engine's and the API's own), for the HTTP responders and the WebSocket's error events alike;
+`error_middleware` renders whatever a handler raises."""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.models.qwen3_tts.prompt import RequestError
+from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
+
+logger = logging.getLogger(__name__)
+
+# what ends a request with a message for its client (RequestTimedOut is a RequestFailed); anything else is a bug
+REQUEST_ERRORS = (ApiError, RequestError, StageDeadError, RequestFailed)
+
+
+def api_error(error: ApiError | RequestError | StageDeadError | RequestFailed) -> ApiError:
+    """The status and envelope of an error that ended a request: bad input 400, a stage down 503, no first audio in
+    time 503 (overloaded: the client should retry), no end in time 504, any other failure 500."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, RequestError):
+        return ApiError(400, str(error), error.param)
+    if isinstance(error, StageDeadError):
+        return ApiError(503, str(error))
+    if isinstance(error, RequestTimedOut):
+        if error.before_first_audio:
+            return ApiError(503, f"the server is overloaded: {error}; retry shortly")
+        return ApiError(504, str(error))
+    if isinstance(error, RequestFailed):
+        return ApiError(500, f"speech generation failed: {error}")
+    raise TypeError(f"not a request error: {error!r}")
+
+
+def unavailable_message(engine: TTSEngine) -> str:
+    """Why new requests are refused while the engine is unhealthy."""
+    if engine.fatal is not None:
+        return f"the pipeline failed for good ({engine.fatal}); the server is exiting"
+    if engine.down is not None:
+        return f"stage {engine.down} failed ({engine.down_reason}); the pipeline is restarting, retry shortly"
+    return "the pipeline is not running"
+
+
+def error_response(error: ApiError) -> web.Response:
+    headers = {"Retry-After": "1"} if error.status in (429, 503) else None
+    response = web.json_response(error.body(), status=error.status, headers=headers)
+    if error.status in (408, 413):  # the body was not read to its end: the connection cannot carry another request
+        response.force_close()
+    return response
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Errors → the OpenAI envelope (aiohttp's own HTTP errors too); an unexpected one is logged and answered 500."""
+    try:
+        return await handler(request)
+    except REQUEST_ERRORS as e:
+        return error_response(api_error(e))
+    except web.HTTPException as e:
+        if e.status >= 400 and e.content_type != "application/json":
+            return error_response(ApiError(e.status, e.reason))
+        raise
+    except ConnectionResetError:
+        raise
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error; see the server log"))

@@ -1,0 +1,53 @@
+"""GET /v1/models, /health, /metrics and /version: what the server serves and how it is doing."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni_tts import package_version
+from omni_tts.models.qwen3_tts.prompt import TASK_TYPES
+
+from .errors import unavailable_message
+from .state import STATE
+
+TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TYPES.items()}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """One entry per name the server answers to, the primary first; `root` names the primary in each, and
+    `task_type` and `languages` say what a request may ask of the checkpoint (the playground reads them)."""
+    state = request.app[STATE]
+    names = state.config.model_names
+    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.engine.config.tts_model_type],
+                  "languages": state.engine.prompts.languages}
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
+        for name in names]})
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while the pipeline serves; 503 naming the failed stage while it restarts (or after it gave up)."""
+    engine = request.app[STATE].engine
+    if engine.is_healthy:
+        return web.json_response({"status": "healthy"})
+    body = {"status": "unhealthy", "message": unavailable_message(engine)}
+    if engine.down is not None:
+        body["stage"] = engine.down
+    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.metrics.observe_stages(await state.stage_stats(), state.engine.is_healthy, state.engine.restarts)
+    return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+INFO_ROUTES = [
+    web.get("/v1/models", list_models),
+    web.get("/health", health),
+    web.get("/metrics", metrics),
+    web.get("/version", version),
+]

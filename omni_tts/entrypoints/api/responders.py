@@ -1,0 +1,164 @@
+"""The three answers of POST /v1/audio/speech once its first audio is there: the whole file, a raw audio stream,
+or server-sent events. Each owns its stream encoder and closes it however the answer ends."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from typing import AsyncIterator
+
+import numpy as np
+from aiohttp import web
+
+from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio
+from omni_tts.audio.pcm import StreamEncoder
+from omni_tts.audio.speed import change_speed
+from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+from omni_tts.orchestrator.types import GenerationChunk
+
+from .access_log import SPEECH_LOG
+from .errors import REQUEST_ERRORS, api_error
+from .state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+async def _rest(first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+    yield first
+    if first.usage is None:
+        async for chunk in stream:
+            yield chunk
+
+
+def _usage_json(chunk: GenerationChunk) -> dict:
+    u = chunk.usage
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_frames,
+            "total_tokens": u.input_tokens + u.output_frames}
+
+
+def _record_usage(request: web.Request, state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+    """An HTTP request's last audio: in its access-log line and the metrics."""
+    request[SPEECH_LOG].audio_seconds = chunk.usage.audio_seconds
+    record_usage(state, chunk, arrived)
+
+
+def record_usage(state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+    """At a request's last audio: its outcome, and its latency and real-time factor counted from its arrival."""
+    state.metrics.finished.labels(chunk.usage.finish_reason).inc()
+    state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
+    latency = time.monotonic() - arrived
+    state.metrics.e2e_latency.observe(latency)
+    if chunk.usage.audio_seconds > 0:
+        state.metrics.real_time_factor.observe(latency / chunk.usage.audio_seconds)
+
+
+async def encode_chunk(state: ServerState, encoder: StreamEncoder, audio: np.ndarray) -> bytes:
+    """PCM/WAV chunks convert in microseconds; lossy codecs take tens of ms per chunk: off the loop. Cancelled, it
+    still waits for the pool's call to end, so the caller may close the encoder: never under a running call."""
+    if encoder.fmt in ("pcm", "wav"):
+        return encoder.encode(audio)
+    call = asyncio.ensure_future(state.run(encoder.encode, audio))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise
+
+
+async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[np.ndarray]) -> tuple[bytes, float]:
+    """A request's whole audio as one file of options.response_format, at options.speed (in the pool), and its
+    duration in seconds (after `speed`: what the file holds)."""
+    def encode() -> tuple[bytes, float]:
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        samples = change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
+        return encode_audio(samples, SAMPLE_RATE, options.response_format), samples.shape[0] / SAMPLE_RATE
+    return await state.run(encode)
+
+
+async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+                        stream: AsyncIterator[GenerationChunk], arrived: float,
+                        headers: dict[str, str]) -> web.Response:
+    """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it)."""
+    parts, last = [], first
+    async for chunk in _rest(first, stream):
+        parts.append(chunk.audio)
+        last = chunk
+    _record_usage(request, state, last, arrived)
+    data, seconds = await encode_whole(state, speech, parts)
+    usage = _usage_json(last)
+    return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers | {
+        "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
+        "x-omni-tts-finish-reason": last.usage.finish_reason,
+        "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
+
+
+async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
+                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk], arrived: float,
+                               headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": content_type(speech.response_format)})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+    try:
+        header = encoder.start()
+        if header:
+            await response.write(header)
+        try:
+            async for chunk in _rest(first, stream):
+                if chunk.audio.size:
+                    await response.write(await encode_chunk(state, encoder, chunk.audio))
+                if chunk.usage is not None:
+                    _record_usage(request, state, chunk, arrived)
+        except REQUEST_ERRORS as e:
+            # the status line went out long ago: end the connection without the chunked body's terminator, so the
+            # client sees a truncated response instead of audio that merely stops (or a second response inside it)
+            logger.warning("streamed response cut: %s", e)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        tail = encoder.finish()
+        if tail:
+            await response.write(tail)
+        await response.write_eof()
+        return response
+    finally:
+        encoder.close()  # a cancelled or cut stream's codec context is freed now, not by the GC
+
+
+async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
+                      stream: AsyncIterator[GenerationChunk], arrived: float,
+                      headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream",
+                                                     "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+
+    async def send(event: dict) -> None:
+        await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+    try:
+        pending = encoder.start()
+        try:
+            async for chunk in _rest(first, stream):
+                if chunk.audio.size:
+                    data = pending + await encode_chunk(state, encoder, chunk.audio)
+                    pending = b""
+                    encoded = await state.run(base64.b64encode, data)
+                    await send({"type": "speech.audio.delta", "audio": encoded.decode("ascii"),
+                                "response_format": speech.response_format})
+                if chunk.usage is not None:
+                    tail = encoder.finish()
+                    if tail:
+                        await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
+                                    "response_format": speech.response_format})
+                    _record_usage(request, state, chunk, arrived)
+                    await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
+        except REQUEST_ERRORS as e:
+            await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})
+        await response.write_eof()
+        return response
+    finally:
+        encoder.close()

@@ -1,0 +1,96 @@
+"""POST /v1/audio/speech: read and check the body, admit, build the engine request, then hand its first audio to
+one of the responders (responders.py)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER, VoiceChoice
+from omni_tts.entrypoints.protocol import REPLICA_HEADER, ApiError, SpeechRequest, decode_speech_request
+
+from .access_log import SPEECH_LOG, SpeechLog, request_id
+from .admission import Admission
+from .responders import respond_audio_stream, respond_sse, respond_whole
+from .state import STATE, ServerState
+from .synthesis import build_synthesis_request, check_output, check_speech_request
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
+
+
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The whole body: 413 beyond MAX_BODY_BYTES (declared, or counted while a chunked body arrives), 408 if it
+    takes longer than `timeout` seconds (a client dribbling its body holds a connection and its buffers)."""
+    too_large = ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    arrived = time.monotonic()
+    request[SPEECH_LOG] = SpeechLog()
+    speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
+    check_output(speech, speech.streaming)
+    if not speech.input.strip():
+        raise ApiError(400, "input must not be empty", "input")
+    voice = check_speech_request(state, speech)
+    # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
+    with Admission(state) as admission:
+        return await _speak(request, state, speech, voice, arrived, admission)
+
+
+async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
+                 arrived: float, admission: Admission) -> web.StreamResponse:
+    """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
+    to error_middleware, which gives it its status (errors.api_error)."""
+    log = request[SPEECH_LOG]
+    stream = None
+    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
+    try:
+        synthesis, voice_key = await build_synthesis_request(state, speech, voice, speech.input)
+        stream = state.engine.generate(synthesis, request_id=request_id(request),
+                                       initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
+                                       first_audio_timeout=state.config.first_audio_timeout,
+                                       timeout=state.config.request_timeout)
+        first = await anext(stream)
+        admission.first_audio()
+        if first.replica is not None:
+            headers[REPLICA_HEADER] = first.replica
+        log.ttfp = time.monotonic() - arrived
+        state.metrics.ttfp.observe(log.ttfp)
+        if not speech.streaming:
+            respond = respond_whole
+        elif speech.stream_format == "sse":
+            respond = respond_sse
+        else:
+            respond = respond_audio_stream
+        return await respond(request, state, speech, first, stream, arrived, headers)
+    finally:
+        if stream is not None:
+            await stream.aclose()  # aborts the request in every stage if it did not finish
+
+
+@web.middleware
+async def count_speech_requests(request: web.Request, handler) -> web.StreamResponse:
+    """The one place speech requests are counted, by their response's status (validation errors included, as
+    error_middleware, inside this one, renders them) or `abort` when the client went away."""
+    if request.match_info.handler is not create_speech:
+        return await handler(request)
+    status = "abort"
+    try:
+        response = await handler(request)
+        status = str(response.status)
+        return response
+    except web.HTTPException as e:
+        status = str(e.status)
+        raise
+    finally:
+        request.app[STATE].metrics.requests.labels(status).inc()

@@ -1,0 +1,69 @@
+"""What the app's handlers share: the engine, the config, the metrics, the uploaded-voice store and the thread pools
+that keep blocking work off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Callable, TypeVar
+
+from aiohttp import web
+
+from omni_tts.audio.url_fetch import RemoteAudioFetcher
+from omni_tts.entrypoints.metrics import ServerMetrics
+from omni_tts.entrypoints.names import VoiceNames
+from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
+from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.stages.protocol import StageStats
+
+from .config import ServerConfig
+
+T = TypeVar("T")
+
+
+class ServerState:
+    """Owns the pools and the fetcher (closed by `close`). `pool` encodes, resamples and base64s for every response:
+    nothing in it may wait on anything but the CPU. The voice store's calls, which may wait on the replicas' file
+    lock, run in `voice_pool` instead, so a held lock never stalls an encoder."""
+
+    def __init__(self, engine: TTSEngine, config: ServerConfig, voice_names: VoiceNames) -> None:
+        self.engine, self.config, self.voice_names = engine, config, voice_names
+        self.metrics = ServerMetrics()
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
+        self.voice_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-voices")
+        # another VoiceStoreBackend (voice_backend.py: an object store) would be built here
+        self.voices: VoiceStoreBackend | None = (
+            VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
+        self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
+        self.admitted = 0
+        self._stage_stats: asyncio.Task | None = None
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` in the audio pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def run_voices(self, fn: Callable[..., T], *args: object) -> T:
+        """A voice-store call `fn(*args)` in the voice pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.voice_pool, fn, *args)
+
+    async def stage_stats(self) -> dict[str, StageStats]:
+        """The stages' figures, {} if they cannot be had. Concurrent callers share one round trip: the engine
+        keeps a single pending answer per stage, so overlapping calls would take each other's."""
+        if not self.engine.is_healthy:
+            return {}
+        if self._stage_stats is None or self._stage_stats.done():
+            self._stage_stats = asyncio.create_task(self.engine.stats(timeout=2.0))
+        try:
+            return await asyncio.shield(self._stage_stats)
+        except Exception:
+            return {}
+
+    async def close(self) -> None:
+        if self.fetcher is not None:
+            await self.fetcher.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.voice_pool.shutdown(wait=False, cancel_futures=True)
+
+
+ENGINE = web.AppKey("engine", TTSEngine)
+CONFIG = web.AppKey("config", ServerConfig)
+STATE = web.AppKey("state", ServerState)

@@ -1,0 +1,70 @@
+"""From a speech request's options (HTTP body or WebSocket session.config) to the engine's SynthesisRequest: the
+checks that cost nothing, made before admission, then the request with its reference audio, built after it."""
+from __future__ import annotations
+
+from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
+from omni_tts.entrypoints.names import VoiceChoice, unknown_uploaded_voice
+from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.entrypoints.voices import VoiceError
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+
+from .state import ServerState
+
+
+def check_output(options: SpeechOptions, streaming: bool) -> None:
+    """The output options a streamed response can honour (every format streams; a speed change does not)."""
+    if streaming and options.speed != 1.0:
+        raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
+                            "utterance); send a non-streaming request to change the speed", "speed")
+
+
+def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
+    """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
+    the fields this checkpoint cannot take."""
+    config = state.engine.config
+    if speech.model is not None and speech.model not in state.config.model_names:
+        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
+                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
+    if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
+        raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
+    if speech.ref_audio is not None and config.tts_model_type != "base":
+        raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+    voices = state.voices
+    return state.voice_names.choose(speech.voice_name, speech.ref_audio is not None,
+                                    lambda name: voices is not None and name in voices)
+
+
+async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
+                                  text: str) -> tuple[SynthesisRequest, str | None]:
+    """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one. Fetches
+    and decodes reference audio: call it only once the request is admitted."""
+    ref_audio, ref_text, voice_key = None, speech.ref_text, None
+    x_vector_only = speech.x_vector_only_mode
+    if speech.ref_audio is not None:
+        try:
+            samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
+                                            allowed_local_path=state.config.allowed_local_media_path)
+            ref_audio = (samples, SAMPLE_RATE)
+        except RefAudioError as e:
+            raise ApiError(e.status, str(e), "ref_audio") from None
+    elif voice.uploaded is not None:
+        try:  # one version, looked up and read whole, whatever uploads and deletes happen meanwhile
+            loaded = await state.run_voices(state.voices.load, voice.uploaded)
+        except VoiceError as e:
+            raise ApiError(e.status, str(e), "voice") from None
+        if loaded is None:  # deleted since the request was checked
+            raise unknown_uploaded_voice(voice.uploaded)
+        record, samples = loaded
+        ref_audio = (samples, SAMPLE_RATE)
+        voice_key = record.version_key
+        if ref_text is None:
+            ref_text = record.ref_text
+        x_vector_only = x_vector_only or not ref_text
+    synthesis = SynthesisRequest(
+        text=text, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
+        instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
+        non_streaming_mode=speech.non_streaming_mode,
+        sampling=SamplingParams.of(speech))
+    return synthesis, voice_key

@@ -1,0 +1,60 @@
+"""The multipart form of POST /v1/audio/voices, read strictly and with a size cap per field."""
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, VoiceUpload,
+                                           decode_voice_upload)
+
+logger = logging.getLogger(__name__)
+
+_VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
+               "accepted too) and optionally consent, ref_text and type")
+_MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; VoiceUpload checks the real limits
+
+
+async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
+    data = bytearray()
+    while chunk := await part.read_chunk():
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(413, f"multipart field '{field}' is larger than {limit} bytes", field)
+    return bytes(data)
+
+
+async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUpload:
+    """The upload form, strictly: an unknown field (refused before it is read), a field given twice, a text field
+    sent as a file or not UTF-8 → 400 naming it; each field read with a size cap; a malformed body → 400 with
+    `_VOICE_FORM`, the parser's detail to the log."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(400, _VOICE_FORM)
+    fields: dict[str, str | bytes] = {}
+    try:
+        async for part in await request.multipart():
+            if not isinstance(part, aiohttp.BodyPartReader):  # a nested multipart/mixed
+                raise ApiError(400, _VOICE_FORM)
+            if part.name is None:
+                raise ApiError(400, _VOICE_FORM)
+            field = VOICE_FORM_ALIASES.get(part.name, part.name)
+            if field not in VoiceUpload.__struct_fields__:
+                raise ApiError(400, f"unknown multipart field '{part.name}'; {_VOICE_FORM}", part.name)
+            if field in fields:
+                also = f" ('{part.name}' is another name for it)" if part.name != field else ""
+                raise ApiError(400, f"multipart field '{field}' is given more than once{also}", field)
+            if field in VOICE_FORM_FILES:
+                fields[field] = await _read_part(part, max_audio_bytes, field)
+                continue
+            if part.filename is not None:
+                raise ApiError(400, f"multipart field '{field}' must be a text field, not a file", field)
+            try:
+                fields[field] = (await _read_part(part, _MAX_TEXT_FIELD_BYTES, field)).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ApiError(400, f"multipart field '{field}' is not valid UTF-8", field) from None
+    except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body
+        logger.info("voices: unreadable multipart body: %s", e)
+        raise ApiError(400, _VOICE_FORM) from None
+    return decode_voice_upload(fields)

@@ -1,0 +1,158 @@
+"""The serve bootstrap that `omni-tts serve` and `omni-tts serve-ray` share: bind the port before the model
+loads, load the checkpoint and stage config, build the engine (`serve_on`; serve_ray.py builds its own), serve the
+app until SIGINT/SIGTERM and say `ready: …` once it serves."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import TYPE_CHECKING, Callable
+
+from omni_tts import package_version
+
+if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before these (and torch) are loaded
+    from omni_tts.audio.url_fetch import UrlPolicy
+    from omni_tts.config import PipelineConfig
+    from omni_tts.entrypoints.api.config import ServerConfig
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+    from omni_tts.orchestrator.engine_protocol import TTSEngine
+
+logger = logging.getLogger("omni_tts.serve")
+
+
+def serve_with(serve: Callable[[socket.socket, argparse.Namespace, UrlPolicy | None], int],
+               args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
+    """Bind the port (before the model loads), then `serve` on it (`serve_on`, or serve_ray's)."""
+    try:
+        listener = _listen(args.host, args.port)
+    except OSError as e:
+        print_error(args.command, f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return 1
+    with listener:
+        return serve(listener, args, ref_audio_urls)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, listening before the model loads: a busy port fails at once, no other process can take
+    the port meanwhile, and connections made while the model loads wait in the backlog until it serves."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio would: restarts reuse the port at once
+        sock.bind(address)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
+    """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
+    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+
+    model_dir, stage_config, pipeline, names = load_checkpoint(args)
+    prepare_server_process()
+    engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
+                            max_restarts=args.max_restarts)
+    # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
+    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+    url = listener_url(listener)
+    logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
+                stage_config, url)
+    return run_server(listener, args, engine, server_config(args, names, ref_audio_urls),
+                      ready_line(engine, model_dir, names, url))
+
+
+def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
+    """The checkpoint directory (downloaded or made if need be), the stage config's name and contents, and the
+    served model names."""
+    import torch
+
+    from omni_tts.config import load_stage_config
+    from omni_tts.entrypoints.names import default_served_model_name
+    from omni_tts.models.qwen3_tts.random_model import default_model_dir
+    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
+    stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
+    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
+    return model_dir, stage_config, load_stage_config(stage_config), names
+
+
+def prepare_server_process() -> None:
+    import asyncio
+
+    import prometheus_client
+
+    from omni_tts.config import set_torch_threads
+
+    try:
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
+    # own (`…_created`, unit-less): noise beside the conventional names of /metrics
+    prometheus_client.disable_created_metrics()
+
+
+def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None) -> ServerConfig:
+    from omni_tts.entrypoints.api.config import ServerConfig
+
+    api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
+    return ServerConfig(
+        served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
+        max_queue=args.max_queue, voices_dir=args.voices_dir,
+        allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
+        ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
+        allowed_origins=tuple(args.allowed_origins),
+        first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
+        stream_idle_timeout=args.stream_idle_timeout)
+
+
+def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSEngine, config: ServerConfig,
+               ready: str) -> int:
+    """Serve `engine`'s app on `listener` until SIGINT/SIGTERM (0), or until it does not start or gives up (1)."""
+    from aiohttp import web
+
+    from omni_tts.entrypoints.api.access_log import AccessLogger
+    from omni_tts.entrypoints.api.app import build_app
+    from omni_tts.orchestrator.types import StageDeadError
+
+    app = build_app(engine, config)
+    try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
+        web.run_app(app, sock=listener, handler_cancellation=True, keepalive_timeout=args.keepalive_timeout,
+                    print=lambda _banner: logger.info("%s", ready),
+                    access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
+    except StageDeadError as e:  # a stage did not start
+        print_error(args.command, f"the pipeline did not start: {e}")
+        return 1
+    if engine.fatal is not None:
+        print_error(args.command, engine.fatal)
+        return 1
+    return 0
+
+
+def listener_url(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def ready_line(engine: AsyncTTSEngine, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
+    stages = "; ".join(
+        f"{name} on {cfg.device} ({cfg.dtype}, max batch {engine.batch_sizes[name]}, "
+        f"{engine.threads[name]} torch thread{'s' if engine.threads[name] > 1 else ''})"
+        for name, cfg in engine.pipeline.stages.by_name().items())
+    names = ", ".join(f"'{name}'" for name in served_model_names)
+    return f"ready: serving {model_dir} as {names} at {url}; {stages}"
+
+
+def print_error(command: str, message: str) -> None:
+    print(f"omni-tts {command}: error: {message}", file=sys.stderr)
+
