@@ -113,7 +113,7 @@ def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
     """A chunk header the reader cannot parse: its slot goes back to the writer and the stage fails loudly
     (its request would otherwise wait forever for a chunk that was dropped)."""
     def corrupt(engine):
-        spec = engine._connector.spec
+        spec = engine.connector_spec
         slot = spec.num_slots - 1  # far from the slots 4 requests use
         fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
         with mmap.mmap(fd, spec.total_bytes) as mm:
@@ -166,7 +166,7 @@ async def collect_as(engine: AsyncTTSEngine, request: SynthesisRequest, request_
 
 def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> None:
     """Write a chunk for `request_id` into the ring's last slot and notify code2wav, as the talker would."""
-    spec = engine._connector.spec
+    spec = engine.connector_spec
     slot = spec.num_slots - 1
     fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
     with mmap.mmap(fd, spec.total_bytes) as mm:
@@ -185,7 +185,7 @@ def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> N
 def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
     def garbage_event(engine):
         with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
-            sock.connect(f"ipc://{engine._ipc_dir}/events")
+            sock.connect(engine.event_address)
             sock.send(b"\xc1 not msgpack")
             sock.close(linger=1000)
         return "orchestrator"

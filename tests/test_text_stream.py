@@ -1,7 +1,9 @@
 """AsyncTTSEngine.open_text_stream with real stage processes: text appended in pieces, with pauses, gives the whole
 text's audio; its failures (limits, idle, abort) end it in both stages."""
 import asyncio
+import os
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -129,7 +131,7 @@ def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
             stream = await engine.open_text_stream(request())
             await stream.append("Hello there, this row runs out of text ")
             await wait_for(parked, "a row parked until more text comes")
-            engine.stages["talker"].process.kill()
+            os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
             with pytest.raises(StageDeadError):
                 async for _ in stream:
                     pass

@@ -261,7 +261,7 @@ async def speak(request: web.Request, state: ServerState, speech: SpeechRequest,
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     try:
         synthesis, voice_key = await build_synthesis_request(state, speech, voice, speech.input)
-        stream = state.engine.generate(synthesis, request_id=request_id(request), output_dtype="float32",
+        stream = state.engine.generate(synthesis, request_id=request_id(request),
                                        initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
                                        first_audio_timeout=state.config.first_audio_timeout,
                                        timeout=state.config.request_timeout)

@@ -165,7 +165,7 @@ class SpeechSession:
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config
-        return dict(output_dtype="float32", initial_chunk_frames=config.initial_codec_chunk_frames,
+        return dict(initial_chunk_frames=config.initial_codec_chunk_frames,
                     voice_key=self.voice_key, first_audio_timeout=server.first_audio_timeout,
                     timeout=server.request_timeout)
 

@@ -15,7 +15,7 @@ from .types import GenerationChunk
 
 
 class SpeechTextStream(Protocol):
-    """A request whose text arrives in pieces (text_stream.TextStream): append, finish, iterate for the audio;
+    """A request whose text arrives in pieces (async_engine.TextStream): append, finish, iterate for the audio;
     aclose aborts it unless it ended."""
 
     async def append(self, text: str) -> None: ...
@@ -58,15 +58,15 @@ class TTSEngine(Protocol):
 
     async def shutdown(self) -> None: ...
 
-    def generate(self, request: SynthesisRequest, request_id: str | None = None, output_dtype: str = "float32",
+    def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[GenerationChunk]: ...
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
-                               voice_key: str | None = None, first_audio_timeout: float | None = None,
-                               timeout: float | None = None, idle_timeout: float = 30.0) -> SpeechTextStream: ...
+                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = 30.0) -> SpeechTextStream: ...
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         """The stages' figures, keyed by stage name (`<replica>/<stage>` when several pipelines answer)."""

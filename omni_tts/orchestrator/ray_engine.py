@@ -26,7 +26,7 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import load_prompts
+from .input_processor import load_prompts
 from .types import GenerationChunk, StageDeadError
 
 STATUS_POLL_SECONDS = 1.0
@@ -121,21 +121,21 @@ class RayEngine:
             self.down_reason = "no replica is running" + (
                 f" ({', '.join(f'{n} {state.lower()}' for state, n in states.items())})" if states else "")
 
-    def generate(self, request: SynthesisRequest, request_id: str | None = None, output_dtype: str = "float32",
+    def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
-        options = dict(request_id=request_id, output_dtype=output_dtype, initial_chunk_frames=initial_chunk_frames,
-                       voice_key=voice_key, first_audio_timeout=first_audio_timeout, timeout=timeout)
+        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+                       first_audio_timeout=first_audio_timeout, timeout=timeout)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
-                               voice_key: str | None = None, first_audio_timeout: float | None = None,
-                               timeout: float | None = None, idle_timeout: float = 30.0) -> "RayTextStream":
+                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = 30.0) -> "RayTextStream":
         session = request_id or uuid.uuid4().hex
-        options = dict(request_id=session, output_dtype=output_dtype, initial_chunk_frames=initial_chunk_frames,
-                       voice_key=voice_key, first_audio_timeout=first_audio_timeout, timeout=timeout,
+        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+                       first_audio_timeout=first_audio_timeout, timeout=timeout,
                        idle_timeout=idle_timeout)
         await self._relay.open.remote(session)
         stream = RayTextStream(self._relay, session, _chunks(

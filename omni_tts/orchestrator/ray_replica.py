@@ -23,9 +23,8 @@ from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import AsyncTTSEngine
+from .async_engine import AsyncTTSEngine, TextStream
 from .types import GenerationChunk, RequestFailed, StageDeadError
-from .text_stream import TextStream
 
 # the errors server.py turns into a status and a message (RequestTimedOut is a RequestFailed)
 ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)

@@ -89,7 +89,7 @@ class Code2WavStage:
         elif isinstance(message, Abort):
             self._abort(message.request_id)
         elif isinstance(message, GetStats):
-            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.states), self.engine.num_steps,
+            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.requests), self.engine.num_steps,
                                     time.process_time(), self.step_durations, self.num_chunks,
                                     self.connector_latencies))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import torch
 from tokenizers import Tokenizer
@@ -63,9 +64,9 @@ class PromptLimits:
 _CONTROL_ROWS = 11
 
 
-@dataclass
-class TalkerPrompt:
-    """Everything the prefill needs, as ids and (for Base) voice features."""
+class TalkerPrompt(msgspec.Struct, omit_defaults=True):
+    """Everything the prefill needs, as ids and (for Base) voice features. The ids cross to the talker stage inside
+    its AddRequest; the voice features are computed there (they are None on the wire)."""
     role_ids: list[int]
     text_ids: list[int]
     instruct_ids: list[int]
