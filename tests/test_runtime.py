@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, case_requests
+from test_supervision import forge_chunk
 from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
 from omni_tts.connectors import RingSpec, TcpSpec
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.types import RequestFailed
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
 TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
@@ -150,3 +152,35 @@ def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
                 assert busy < 0.05, (stage, busy)
     run(main())
 
+
+def test_chunks_of_unknown_requests_are_refused_without_state():
+    """A connector chunk for a request code2wav never registered (a stray writer, or one aborted before) is counted
+    and dropped: no decoder state, which would otherwise live until an end marker that never comes."""
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            forge_chunk(engine, "never-registered", np.zeros((4, 16), np.int32))
+
+            async def taken():
+                while (stats := await engine.stats())["code2wav"].connector_chunks == 0:
+                    await asyncio.sleep(0.05)
+                return stats
+            stats = await asyncio.wait_for(taken(), 30)
+            assert stats["code2wav"].request_ids == [] and stats["code2wav"].unknown_chunks == 1
+            audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
+            assert audio.shape[0] == usage.output_frames * 1920 > 0
+    run(main())
+
+
+def test_a_failed_requests_abort_is_held_until_it_ran():
+    """The loop keeps only a weak reference to a task: the abort that a failure starts is held by the client until
+    it is done, and then let go."""
+    async def main():
+        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            state = engine.client.add("failing", 1)
+            engine.client.fail(state, RequestFailed("a stage refused it"))
+            [abort] = engine.client.pending_aborts
+            await abort
+            assert not engine.client.pending_aborts and "failing" not in engine.requests
+            with pytest.raises(RequestFailed, match="a stage refused it"):
+                await anext(engine.client.outputs(state))
+    run(main())

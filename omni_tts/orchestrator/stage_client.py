@@ -46,6 +46,7 @@ class StageClient:
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
                                           **supervisor_options)
         self.requests: dict[str, RequestState] = {}
+        self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
         self._stats: dict[str, asyncio.Future] = {}
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
@@ -139,7 +140,9 @@ class StageClient:
         del self.requests[state.request_id]
         self._cancel_deadlines(state)
         state.queue.put_nowait(error)
-        asyncio.create_task(self.abort(state.request_id))
+        task = asyncio.create_task(self.abort(state.request_id))  # the loop keeps only a weak reference
+        self.pending_aborts.add(task)
+        task.add_done_callback(self.pending_aborts.discard)
 
     def fail_all(self, error: BaseException) -> None:
         for state in self.requests.values():

@@ -1,7 +1,6 @@
 """Stage 1 process: chunks from the connector → batched streaming decode → audio to the orchestrator."""
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -20,9 +19,6 @@ from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, A
 
 logger = logging.getLogger(__name__)
 
-_RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
-
-
 class Code2WavStage:
     def __init__(self, launch: StageLaunch) -> None:
         tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype), with_talker=False)
@@ -36,10 +32,10 @@ class Code2WavStage:
         self.io = StageIO(launch, self.condition)
         self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop
                                    on_error=lambda e: self.io.thread_failed("connector", e))
-        self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0
+        self.num_unknown_chunks = 0
 
     def run(self) -> None:
         self.reader.start()
@@ -57,15 +53,19 @@ class Code2WavStage:
                 self.connector_latencies.observe((now - chunk.put_ns) / 1e9)
                 self.num_chunks += 1
                 rid = chunk.request_id
-                if rid not in self.aborted:
-                    self.engine.add_request(rid)  # normally pre-registered already; a no-op then
+                if rid not in self.engine.requests:
+                    # aborted (its last chunks were in flight), or no request of ours: no state for it. The
+                    # orchestrator sends Register before the talker gets the request, so it is here first.
+                    self.num_unknown_chunks += 1
+                    logger.debug("chunk %d of unknown request %r dropped", chunk.seq, rid)
+                else:
                     try:
                         self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
                     except ValueError as e:
                         # which chunk and of what kind (reference codes or generated frames) says where to look
                         where = f"chunk {chunk.seq} ({'reference context' if chunk.is_context else 'generated'})"
                         logger.error("request %s: %s refused: %s: %s", rid, where, e, np.array(chunk.codes).tolist())
-                        self._abort(rid)
+                        self.engine.abort(rid)
                         error = f"code2wav cannot decode its codes: {where}: {e}"
                         self.io.send(AudioChunk(rid, b"", True, error=error))
                 self.reader.release(chunk)
@@ -76,22 +76,15 @@ class Code2WavStage:
                 for out in outputs:
                     self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
 
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self.aborted[request_id] = None
-        while len(self.aborted) > _RECENTLY_ABORTED:
-            self.aborted.popitem(last=False)
-
     def _handle(self, message: object) -> None:
         if isinstance(message, Register):
-            self.aborted.pop(message.request_id, None)
             self.engine.add_request(message.request_id)
         elif isinstance(message, Abort):
-            self._abort(message.request_id)
+            self.engine.abort(message.request_id)
         elif isinstance(message, GetStats):
             self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.requests), self.engine.num_steps,
                                     time.process_time(), self.step_durations, self.num_chunks,
-                                    self.connector_latencies))
+                                    self.connector_latencies, self.num_unknown_chunks))
 
 
 def main(launch_bytes: bytes) -> None:

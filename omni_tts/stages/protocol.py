@@ -107,6 +107,8 @@ class StageStats(msgspec.Struct, tag=True):
     step_durations: DurationHistogram          # time inside each engine step
     connector_chunks: int = 0                  # code2wav: connector chunks received
     connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken
+    unknown_chunks: int = 0              # code2wav: chunks for no registered request (aborted, or not ours),
+                                         # dropped without state
     prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
                                          # as many text tokens as the reference has frames)
     rows_waiting_for_text: int = 0       # talker: rows parked until their next text row arrives
