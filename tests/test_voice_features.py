@@ -4,6 +4,7 @@ keep their pace while a request with a 10 s reference clip is admitted."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -328,7 +329,8 @@ def test_stage_abort_while_in_worker_and_error_fail_alone(tts, stage):
 # --- through the orchestrator ------------------------------------------------------------------------------------
 def test_cached_voice_gives_the_offline_audio():
     """A voice key's first use (worker) and later uses (cache; ICL entry serving an x-vector-only request too)
-    all equal offline synthesis."""
+    all equal offline synthesis, and so does the clip given as 24 kHz samples (as the server passes what it
+    decoded)."""
     def request(x_vector_only: bool) -> SynthesisRequest:
         return SynthesisRequest(text="Clone me.", language="english", ref_audio=(CLIP, 24000), ref_text=REF_TEXT,
                                 x_vector_only=x_vector_only, sampling=SamplingParams(temperature=0, max_new_tokens=30))
@@ -342,5 +344,8 @@ def test_cached_voice_gives_the_offline_audio():
                 chunks = [c async for c in engine.generate(request(x_vector_only), voice_key="fox@1.0")]
                 audio = np.concatenate([c.audio for c in chunks])
                 np.testing.assert_allclose(audio, expected[x_vector_only], atol=1e-5, rtol=0)
+            samples = dataclasses.replace(request(False), ref_audio=CLIP)
+            audio = np.concatenate([c.audio async for c in engine.generate(samples)])
+            np.testing.assert_allclose(audio, expected[False], atol=1e-5, rtol=0)
 
     asyncio.run(main())

@@ -1,6 +1,9 @@
 """The input processor: a SynthesisRequest → the one prepared request the talker stage takes (`AddRequest`):
 validated and tokenized (a single-worker executor: the tokenizer is not re-entrant), its voice and sampling
 resolved against the checkpoint and the server's defaults, and (Base) its reference audio as 24 kHz float32.
+
+Reference audio is decoded once: a caller that has the samples already (the server decodes and checks clips as it
+takes them) passes a 24 kHz float32 array; paths, file bytes, data URIs and (samples, rate) are read here.
 """
 from __future__ import annotations
 
@@ -64,7 +67,10 @@ class InputProcessor:
             raise RequestError(str(e).split(" ", 1)[0], str(e)) from None
 
     async def _reference_audio(self, ref_audio: AudioInput | None) -> bytes:
-        wav = await asyncio.get_running_loop().run_in_executor(self.audio_pool, reference_audio_24k, ref_audio)
+        if isinstance(ref_audio, np.ndarray):  # decoded by the caller: checked here, not read again
+            wav = reference_audio_24k(ref_audio)
+        else:
+            wav = await asyncio.get_running_loop().run_in_executor(self.audio_pool, reference_audio_24k, ref_audio)
         return wav.astype(np.float32, copy=False).tobytes()
 
     def close(self) -> None:

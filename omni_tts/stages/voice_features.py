@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 
 from .protocol import AddRequest
@@ -188,9 +188,9 @@ class VoiceFeatureWorker:
         prompt = msgspec.structs.replace(next((job for job in jobs if job.icl), jobs[0]).request.prompt)
         wav = np.frombuffer(audio, dtype=np.float32).copy()
         if self.stream is None:
-            self.tts.add_voice_features(prompt, (wav, SAMPLE_RATE))
+            self.tts.add_voice_features(prompt, wav)
         else:
             with torch.cuda.stream(self.stream):
-                self.tts.add_voice_features(prompt, (wav, SAMPLE_RATE))
+                self.tts.add_voice_features(prompt, wav)
             self.stream.synchronize()
         return VoiceFeatures(prompt.speaker_embedding, prompt.ref_codes)

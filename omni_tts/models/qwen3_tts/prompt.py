@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 # user-facing task type → checkpoint `tts_model_type`
 TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
-AudioInput = str | bytes | tuple[np.ndarray, int]
+AudioInput = str | bytes | tuple[np.ndarray, int] | np.ndarray   # an array: float32 mono samples at 24 kHz
 
 
 class RequestError(ValueError):
@@ -45,7 +45,7 @@ class SynthesisRequest:
     voice: str | None = None              # CustomVoice speaker name
     language: str | None = None           # None = Auto
     instructions: str | None = None
-    ref_audio: AudioInput | None = None   # Base: path, file bytes or (samples, sample_rate)
+    ref_audio: AudioInput | None = None   # Base: path, file bytes, (samples, sample_rate) or 24 kHz samples
     ref_text: str | None = None           # Base ICL transcript of ref_audio
     x_vector_only: bool = False
     non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
