@@ -14,7 +14,7 @@ from omni_tts.connectors import RingSpec, TcpSpec
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
@@ -50,7 +50,7 @@ def stage_config(kind: str) -> PipelineConfig:
     return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")
 
 
-def assert_connector(engine: AsyncTTSEngine, kind: str) -> None:
+def assert_connector(engine: AsyncTTS, kind: str) -> None:
     assert isinstance(engine.connector_spec, {"shm": RingSpec, "tcp": TcpSpec}[kind])
 
 
@@ -70,7 +70,7 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
     offline = [tts.synthesize([r])[0] for r in requests]
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / variant), stage_config(kind)) as engine:
+        async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             for initial in (1, 2, 25):
                 results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
@@ -89,7 +89,7 @@ def test_24_concurrent_requests_each_get_their_own_audio():
     offline = tts.synthesize(requests)  # a batch gives each request what it gives alone (test_synthesize)
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}")
                                              for i, r in enumerate(requests)))
             for (audio, usage, _), expected in zip(results, offline):
@@ -114,7 +114,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
     cancelled = {1, 4, 8, 13, 17}
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             tasks = [asyncio.create_task(collect(engine, r, request_id=f"req-{i}")) for i, r in enumerate(requests)]
             await asyncio.sleep(0.5)
             for i in cancelled:
@@ -135,7 +135,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
 @pytest.mark.parametrize("kind", ["shm", "tcp"])
 def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
@@ -157,7 +157,7 @@ def test_chunks_of_unknown_requests_are_refused_without_state():
     """A connector chunk for a request code2wav never registered (a stray writer, or one aborted before) is counted
     and dropped: no decoder state, which would otherwise live until an end marker that never comes."""
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             forge_chunk(engine, "never-registered", np.zeros((4, 16), np.int32))
 
             async def taken():
@@ -175,7 +175,7 @@ def test_a_failed_requests_abort_is_held_until_it_ran():
     """The loop keeps only a weak reference to a task: the abort that a failure starts is held by the client until
     it is done, and then let go."""
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             state = engine.client.add("failing", 1)
             engine.client.fail(state, RequestFailed("a stage refused it"))
             [abort] = engine.client.pending_aborts

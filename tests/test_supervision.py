@@ -18,7 +18,7 @@ import zmq
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests
 from omni_tts.config import load_stage_config
 from omni_tts.connectors.shm_ring import HEADER_BYTES
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -34,7 +34,7 @@ def long_requests(n: int) -> list[SynthesisRequest]:
             for _ in range(n)]
 
 
-async def collect(engine: AsyncTTSEngine, request: SynthesisRequest) -> np.ndarray:
+async def collect(engine: AsyncTTS, request: SynthesisRequest) -> np.ndarray:
     return np.concatenate([c.audio async for c in engine.generate(request)])
 
 
@@ -56,7 +56,7 @@ async def fault_then_recover(fault, reason: str = "", **engine_kwargs) -> None:
     2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
     recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
     golden audio; at shutdown nothing is left."""
-    engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
     await engine.start()
     old_pids = engine.stage_pids()
     try:
@@ -131,7 +131,7 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
     """A chunk whose codes the decoder cannot look up (as fuzzing once produced) fails its own request with a clear
     error; the requests batched beside it finish, and no stage dies or restarts."""
     async def main():
-        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
         await engine.start()
         pids = engine.stage_pids()
         try:
@@ -160,11 +160,11 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
     asyncio.run(main())
 
 
-async def collect_as(engine: AsyncTTSEngine, request: SynthesisRequest, request_id: str) -> np.ndarray:
+async def collect_as(engine: AsyncTTS, request: SynthesisRequest, request_id: str) -> np.ndarray:
     return np.concatenate([c.audio async for c in engine.generate(request, request_id=request_id)])
 
 
-def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> None:
+def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
     """Write a chunk for `request_id` into the ring's last slot and notify code2wav, as the talker would."""
     spec = engine.connector_spec
     slot = spec.num_slots - 1
@@ -194,7 +194,7 @@ def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
     async def main():
-        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
         fatal = []
         engine.on_fatal = fatal.append
         await engine.start()
@@ -218,8 +218,8 @@ def test_restarts_beyond_the_limit_make_the_engine_give_up():
 
 def test_slow_consumer_is_failed_instead_of_buffered():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
-                                  max_buffered_seconds=1.0) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                            max_buffered_seconds=1.0) as engine:
             stream = engine.generate(long_requests(1)[0])
             await anext(stream)
             await asyncio.sleep(3.0)  # the client stops reading; the stages keep producing
@@ -232,7 +232,7 @@ def test_slow_consumer_is_failed_instead_of_buffered():
     asyncio.run(main())
 
 
-async def wait_until_no_stage_holds_requests(engine: AsyncTTSEngine) -> None:
+async def wait_until_no_stage_holds_requests(engine: AsyncTTS) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         stats = await engine.stats()
@@ -244,7 +244,7 @@ async def wait_until_no_stage_holds_requests(engine: AsyncTTSEngine) -> None:
 
 def test_request_deadlines_end_and_abort_the_request():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             with pytest.raises(RequestTimedOut, match="no audio within") as late:
                 await collect_with(engine, long_requests(1)[0], first_audio_timeout=0.001)
             assert late.value.before_first_audio
@@ -261,7 +261,7 @@ def test_request_deadlines_end_and_abort_the_request():
     asyncio.run(main())
 
 
-async def collect_with(engine: AsyncTTSEngine, request: SynthesisRequest, **kwargs) -> list:
+async def collect_with(engine: AsyncTTS, request: SynthesisRequest, **kwargs) -> list:
     return [c async for c in engine.generate(request, **kwargs)]
 
 

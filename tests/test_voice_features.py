@@ -24,7 +24,7 @@ from omni_tts.models.qwen3_tts.audio import load_audio_24k
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.stages.protocol import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
                                       TalkerDone)
 from omni_tts.stages.talker_stage import TalkerStage
@@ -339,7 +339,7 @@ def test_cached_voice_gives_the_offline_audio():
     expected = {x: offline.synthesize([request(x)])[0].audio for x in (False, True)}
 
     async def main() -> None:
-        async with AsyncTTSEngine(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
             for x_vector_only in (False, False, True):
                 chunks = [c async for c in engine.generate(request(x_vector_only), voice_key="fox@1.0")]
                 audio = np.concatenate([c.audio for c in chunks])

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server: one aiohttp app on one event loop over an engine (engine_protocol.TTSEngine): the
+"""OpenAI-compatible HTTP server: one aiohttp app on one event loop over an engine (client_protocol.TTSClient): the
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
 Routes: POST /v1/audio/speech, WS /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices,
@@ -44,7 +44,7 @@ from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import TASK_TYPES, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError
-from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.stages.protocol import StageStats
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class ServerConfig:
         return accepted_model_names(self.served_model_names, self.openai_model_aliases)
 
 
-ENGINE = web.AppKey("engine", TTSEngine)
+ENGINE = web.AppKey("engine", TTSClient)
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", "ServerState")
 
@@ -122,7 +122,7 @@ def _seconds(value: float | None) -> str:
 
 
 class ServerState:
-    def __init__(self, engine: TTSEngine, config: ServerConfig, voice_names: VoiceNames) -> None:
+    def __init__(self, engine: TTSClient, config: ServerConfig, voice_names: VoiceNames) -> None:
         self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
@@ -299,7 +299,7 @@ async def speak(request: web.Request, state: ServerState, speech: SpeechRequest,
             await stream.aclose()  # aborts the request in every stage if it did not finish
 
 
-def unavailable_message(engine: TTSEngine) -> str:
+def unavailable_message(engine: TTSClient) -> str:
     if engine.fatal is not None:
         return f"the pipeline failed for good ({engine.fatal}); the server is exiting"
     if engine.down is not None:
@@ -659,7 +659,7 @@ def api_key_middleware(api_key: str) -> Callable:
     return check_api_key
 
 
-def build_app(engine: TTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
+def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True) -> web.Application:
     """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
     cors = Cors(config.allowed_origins)
     middlewares = [cors.middleware(), error_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])

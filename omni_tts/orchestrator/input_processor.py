@@ -38,7 +38,7 @@ class InputProcessor:
     async def process(self, request_id: str, request: SynthesisRequest, text_open: bool,
                       initial_chunk_frames: int | None, voice_key: str | None) -> AddRequest:
         """The request for the talker; RequestError for bad input. text_open: its text arrives later, in pieces
-        (the prompt has no text ids yet; see AsyncTTSEngine.open_text_stream)."""
+        (the prompt has no text ids yet; see AsyncTTS.open_text_stream)."""
         limit = self.pipeline.connector.ring_slot_frames
         if initial_chunk_frames is not None and not 1 <= initial_chunk_frames <= limit:
             raise RequestError("initial_codec_chunk_frames", f"initial_codec_chunk_frames must be in 1..{limit}, "

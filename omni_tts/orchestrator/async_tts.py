@@ -1,6 +1,6 @@
 """The front end: what a caller in the API process uses to synthesize speech.
 
-    async with AsyncTTSEngine(model_dir, load_stage_config("cpu_tiny")) as engine:
+    async with AsyncTTS(model_dir, load_stage_config("cpu_tiny")) as engine:
         async for chunk in engine.generate(SynthesisRequest(text="Hello.", voice="ryan")):
             play(chunk.audio)            # float32 at 24 kHz; the last chunk carries `usage`
 
@@ -31,7 +31,7 @@ from .stage_client import RequestState, StageClient
 from .types import GenerationChunk
 
 
-class AsyncTTSEngine:
+class AsyncTTS:
     def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
                  heartbeat_timeout: float = 5.0, step_timeout: float = 120.0, max_restarts: int = 5,
                  restart_window: float = 600.0, max_buffered_seconds: float = 60.0, cpus: int | None = None) -> None:
@@ -107,7 +107,7 @@ class AsyncTTSEngine:
         return await self.client.stats(timeout)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
-    async def __aenter__(self) -> "AsyncTTSEngine":
+    async def __aenter__(self) -> "AsyncTTS":
         await self.start()
         return self
 

@@ -1,4 +1,4 @@
-"""The engine of `omni-tts serve-ray`'s API process: the TTSEngine protocol (engine_protocol.py) over a Ray Serve
+"""The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (client_protocol.py) over a Ray Serve
 deployment of EngineReplica (ray_replica.py), so server.py serves every route as it does over a local engine.
 
 Routing: each request is one call on the DeploymentHandle, which Serve's default router sends to the less loaded of
@@ -53,7 +53,7 @@ class TextRelay:
         return await queue.get() if queue is not None else ("closed", "")
 
 
-class RayEngine:
+class RayTTS:
     def __init__(self, app: serve.Application, app_name: str, deployment: str, model_dir: str,
                  pipeline: PipelineConfig) -> None:
         """app: the bound EngineReplica deployment, run as `app_name` by start()."""
@@ -160,7 +160,7 @@ class RayEngine:
 
 
 class RayTextStream:
-    """engine_protocol.SpeechTextStream of a text_session call."""
+    """client_protocol.SpeechTextStream of a text_session call."""
 
     def __init__(self, relay: ray.actor.ActorHandle, session: str, chunks: AsyncIterator) -> None:
         self.relay, self.session, self.chunks = relay, session, chunks
