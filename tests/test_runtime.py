@@ -16,6 +16,7 @@ from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed
+from omni_tts.stages.protocol import Register
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
 TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
@@ -153,19 +154,35 @@ def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
     run(main())
 
 
-def test_chunks_of_unknown_requests_are_refused_without_state():
-    """A connector chunk for a request code2wav never registered (a stray writer, or one aborted before) is counted
-    and dropped: no decoder state, which would otherwise live until an end marker that never comes."""
+def test_chunks_of_unknown_requests_get_no_decoder_state():
+    """A connector chunk whose request code2wav has not registered gets no decoder state (one from a stray writer
+    would otherwise hold it until an end marker that never comes): it waits for its Register, sent before the talker
+    gets the request but on another socket, and is decoded once that comes; one whose Register does not come is
+    dropped and counted."""
     async def main():
         async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            forge_chunk(engine, "never-registered", np.zeros((4, 16), np.int32))
-
-            async def taken():
-                while (stats := await engine.stats())["code2wav"].connector_chunks == 0:
+            async def taken(num_chunks):
+                while (stats := await engine.stats())["code2wav"].connector_chunks < num_chunks:
                     await asyncio.sleep(0.05)
-                return stats
-            stats = await asyncio.wait_for(taken(), 30)
-            assert stats["code2wav"].request_ids == [] and stats["code2wav"].unknown_chunks == 1
+                return stats["code2wav"]
+
+            forge_chunk(engine, "stray", np.zeros((4, 16), np.int32))
+            assert (await asyncio.wait_for(taken(1), 30)).request_ids == []
+            forge_chunk(engine, "early", np.ones((4, 16), np.int32))
+            assert (await asyncio.wait_for(taken(2), 30)).request_ids == []
+            state = engine.client.add("early", 0)
+            await engine.client.send(state, "code2wav", Register("early"))
+            chunk = await asyncio.wait_for(anext(engine.client.outputs(state)), 30)
+            assert chunk.audio.shape[0] == 4 * 1920  # its early chunk, decoded
+            await engine.client.release(state)
+
+            async def stray_dropped():
+                while (stats := await engine.stats())["code2wav"].unknown_chunks == 0:
+                    assert "stray" not in stats["code2wav"].request_ids
+                    await asyncio.sleep(0.1)
+                return stats["code2wav"]
+            stats = await asyncio.wait_for(stray_dropped(), 30)
+            assert stats.unknown_chunks == 1 and stats.request_ids == []
             audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
             assert audio.shape[0] == usage.output_frames * 1920 > 0
     run(main())
