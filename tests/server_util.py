@@ -108,9 +108,9 @@ async def app_in_process(model_dir: str, **config):
     from omni_tts.entrypoints.api.app import build_app
     from omni_tts.entrypoints.api.config import ServerConfig
     from omni_tts.entrypoints.api.state import STATE
-    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+    from omni_tts.orchestrator.async_tts import AsyncTTS
 
-    engine = AsyncTTSEngine(model_dir, load_stage_config("cpu_tiny"))
+    engine = AsyncTTS(model_dir, load_stage_config("cpu_tiny"))
     app = build_app(engine, ServerConfig(**{"served_model_names": ("m",), **config}))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as `omni-tts serve` runs it
     await runner.setup()

@@ -19,7 +19,7 @@ from omni_tts.config.stage_config import load_stage_config
 from omni_tts.entrypoints.openapi import openapi_document
 from omni_tts.entrypoints.api.app import build_app
 from omni_tts.entrypoints.api.config import ServerConfig
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from server_util import ServerProcess
 
 MODEL = "openapi-model"
@@ -62,7 +62,7 @@ def test_api_key_is_documented():
 
 def test_every_route_is_documented():
     """A route added to build_app without its documentation fails here."""
-    engine = AsyncTTSEngine(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny"))  # not started
+    engine = AsyncTTS(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny"))  # not started
     app = build_app(engine, ServerConfig(served_model_names=(MODEL,)))
     served = {(route.method, route.resource.canonical) for route in app.router.routes()
               if route.method != "HEAD"}  # aiohttp answers HEAD for every GET route by itself

@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests
+from test_supervision import forge_chunk
 from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
 from omni_tts.connectors import RingSpec, TcpSpec
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
+from omni_tts.orchestrator.types import RequestFailed
+from omni_tts.stages.protocol import Register
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
 TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
@@ -49,8 +52,8 @@ def stage_config(kind: str) -> PipelineConfig:
     return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")
 
 
-def assert_connector(engine: AsyncTTSEngine, kind: str) -> None:
-    assert isinstance(engine._connector.spec, {"shm": RingSpec, "tcp": TcpSpec}[kind])
+def assert_connector(engine: AsyncTTS, kind: str) -> None:
+    assert isinstance(engine.connector_spec, {"shm": RingSpec, "tcp": TcpSpec}[kind])
 
 
 def many_requests(n, max_new_tokens=40):
@@ -69,7 +72,7 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
     offline = [synthesize(tts, [r])[0] for r in requests]
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / variant), stage_config(kind)) as engine:
+        async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             for initial in (1, 2, 25):
                 results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
@@ -88,13 +91,12 @@ def test_24_concurrent_requests_each_get_their_own_audio():
     offline = synthesize(tts, requests)  # a batch gives each request what it gives alone (test_synthesize)
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}", output_dtype="int16")
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}")
                                              for i, r in enumerate(requests)))
             for (audio, usage, _), expected in zip(results, offline):
-                assert audio.dtype == np.int16 and audio.shape == expected.audio.shape
-                reference = np.round(np.clip(expected.audio, -1, 1) * 32767)
-                assert np.abs(audio.astype(np.int32) - reference).max() <= 1
+                assert audio.dtype == np.float32 and audio.shape == expected.audio.shape
+                np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
                 assert usage.output_frames == expected.codes.shape[0]
             stats = await engine.stats()
             assert stats["talker"].request_ids == [] and stats["code2wav"].request_ids == []
@@ -117,7 +119,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
     offline = synthesize(tts, requests)
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             started = {i: asyncio.Event() for i in cancelled}
 
             async def run_one(i, r):
@@ -146,7 +148,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
 @pytest.mark.parametrize("kind", ["shm", "tcp"])
 def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
@@ -161,4 +163,53 @@ def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
                 busy = (after[stage].cpu_seconds - before[stage].cpu_seconds) / 2.0
                 print(f"idle CPU {stage}: {busy * 100:.2f}%")
                 assert busy < 0.05, (stage, busy)
+    run(main())
+
+
+def test_chunks_of_unknown_requests_get_no_decoder_state():
+    """A connector chunk whose request code2wav has not registered gets no decoder state (one from a stray writer
+    would otherwise hold it until an end marker that never comes): it waits for its Register, sent before the talker
+    gets the request but on another socket, and is decoded once that comes; one whose Register does not come is
+    dropped and counted."""
+    async def main():
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            async def taken(num_chunks):
+                while (stats := await engine.stats())["code2wav"].connector_chunks < num_chunks:
+                    await asyncio.sleep(0.05)
+                return stats["code2wav"]
+
+            forge_chunk(engine, "stray", np.zeros((4, 16), np.int32))
+            assert (await asyncio.wait_for(taken(1), 30)).request_ids == []
+            forge_chunk(engine, "early", np.ones((4, 16), np.int32))
+            assert (await asyncio.wait_for(taken(2), 30)).request_ids == []
+            state = engine.client.add("early", 0)
+            await engine.client.send(state, "code2wav", Register("early"))
+            chunk = await asyncio.wait_for(anext(engine.client.outputs(state)), 30)
+            assert chunk.audio.shape[0] == 4 * 1920  # its early chunk, decoded
+            await engine.client.release(state)
+
+            async def stray_dropped():
+                while (stats := await engine.stats())["code2wav"].unknown_chunks == 0:
+                    assert "stray" not in stats["code2wav"].request_ids
+                    await asyncio.sleep(0.1)
+                return stats["code2wav"]
+            stats = await asyncio.wait_for(stray_dropped(), 30)
+            assert stats.unknown_chunks == 1 and stats.request_ids == []
+            audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
+            assert audio.shape[0] == usage.output_frames * 1920 > 0
+    run(main())
+
+
+def test_a_failed_requests_abort_is_held_until_it_ran():
+    """The loop keeps only a weak reference to a task: the abort that a failure starts is held by the client until
+    it is done, and then let go."""
+    async def main():
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+            state = engine.client.add("failing", 1)
+            engine.client.fail(state, RequestFailed("a stage refused it"))
+            [abort] = engine.client.pending_aborts
+            await abort
+            assert not engine.client.pending_aborts and "failing" not in engine.requests
+            with pytest.raises(RequestFailed, match="a stage refused it"):
+                await anext(engine.client.outputs(state))
     run(main())

@@ -18,7 +18,7 @@ import zmq
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests
 from omni_tts.config import load_stage_config
 from omni_tts.connectors.shm_ring import HEADER_BYTES
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
@@ -40,7 +40,7 @@ def long_requests(n: int) -> list[SynthesisRequest]:
             for _ in range(n)]
 
 
-async def collect(engine: AsyncTTSEngine, request: SynthesisRequest) -> np.ndarray:
+async def collect(engine: AsyncTTS, request: SynthesisRequest) -> np.ndarray:
     return np.concatenate([c.audio async for c in engine.generate(request)])
 
 
@@ -48,7 +48,7 @@ class HeldRequest:
     """A request held in flight by its unfinished text; `started` is set at its first audio. `finish()` sends the
     rest of its text so that it can end; `task` collects its audio (or raises what ended it)."""
 
-    def __init__(self, engine: AsyncTTSEngine, request_id: str | None = None) -> None:
+    def __init__(self, engine: AsyncTTS, request_id: str | None = None) -> None:
         self.engine, self.request_id = engine, request_id
         self.started = asyncio.Event()
         self.stream = None
@@ -70,7 +70,7 @@ class HeldRequest:
         await self.stream.finish()
 
 
-async def hold(engine: AsyncTTSEngine, n: int) -> list[HeldRequest]:
+async def hold(engine: AsyncTTS, n: int) -> list[HeldRequest]:
     """n requests, each running (its first audio arrived) and unable to end until the test acts."""
     held = [HeldRequest(engine) for _ in range(n)]
     await asyncio.wait_for(asyncio.gather(*(h.started.wait() for h in held)), 60)
@@ -96,7 +96,7 @@ async def fault_then_recover(fault, reason: str = "", **engine_kwargs) -> None:
     2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
     recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
     golden audio; at shutdown nothing is left."""
-    engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
     await engine.start()
     old_pids = engine.stage_pids()
     try:
@@ -151,7 +151,7 @@ def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
     """A chunk header the reader cannot parse: its slot goes back to the writer and the stage fails loudly
     (its request would otherwise wait forever for a chunk that was dropped)."""
     def corrupt(engine):
-        spec = engine._connector.spec
+        spec = engine.connector_spec
         slot = spec.num_slots - 1  # far from the slots 4 requests use
         fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
         with mmap.mmap(fd, spec.total_bytes) as mm:
@@ -169,7 +169,7 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
     """A chunk whose codes the decoder cannot look up (as fuzzing once produced) fails its own request with a clear
     error; the requests batched beside it finish, and no stage dies or restarts."""
     async def main():
-        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
         await engine.start()
         pids = engine.stage_pids()
         try:
@@ -199,9 +199,9 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
     asyncio.run(main())
 
 
-def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> None:
+def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
     """Write a chunk for `request_id` into the ring's last slot and notify code2wav, as the talker would."""
-    spec = engine._connector.spec
+    spec = engine.connector_spec
     slot = spec.num_slots - 1
     fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
     with mmap.mmap(fd, spec.total_bytes) as mm:
@@ -220,7 +220,7 @@ def forge_chunk(engine: AsyncTTSEngine, request_id: str, codes: np.ndarray) -> N
 def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
     def garbage_event(engine):
         with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
-            sock.connect(f"ipc://{engine._ipc_dir}/events")
+            sock.connect(engine.event_address)
             sock.send(b"\xc1 not msgpack")
             sock.close(linger=1000)
         return "orchestrator"
@@ -229,7 +229,7 @@ def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
     async def main():
-        engine = AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
         fatal = []
         engine.on_fatal = fatal.append
         await engine.start()
@@ -254,8 +254,8 @@ def test_restarts_beyond_the_limit_make_the_engine_give_up():
 
 def test_slow_consumer_is_failed_instead_of_buffered():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
-                                  max_buffered_seconds=1.0) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                            max_buffered_seconds=1.0) as engine:
             request = SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan", sampling=SamplingParams(
                 temperature=0, repetition_penalty=1.0, max_new_tokens=2000))  # 15 s of audio
             stream = engine.generate(request, request_id="slow")
@@ -273,7 +273,7 @@ def test_slow_consumer_is_failed_instead_of_buffered():
     asyncio.run(main())
 
 
-async def wait_until_no_stage_holds_requests(engine: AsyncTTSEngine) -> None:
+async def wait_until_no_stage_holds_requests(engine: AsyncTTS) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         stats = await engine.stats()
@@ -285,7 +285,7 @@ async def wait_until_no_stage_holds_requests(engine: AsyncTTSEngine) -> None:
 
 def test_request_deadlines_end_and_abort_the_request():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             # a deadline already past when the request is sent: it expires before any audio can come back
             with pytest.raises(RequestTimedOut, match="no audio within 0 s") as late:
                 await collect_with(engine, long_requests(1)[0], first_audio_timeout=0)
@@ -306,7 +306,7 @@ def test_request_deadlines_end_and_abort_the_request():
     asyncio.run(main())
 
 
-async def collect_with(engine: AsyncTTSEngine, request: SynthesisRequest, **kwargs) -> list:
+async def collect_with(engine: AsyncTTS, request: SynthesisRequest, **kwargs) -> list:
     return [c async for c in engine.generate(request, **kwargs)]
 
 

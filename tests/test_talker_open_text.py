@@ -1,9 +1,9 @@
 """Talker requests whose text arrives while they run: parked rows, in the scheduler's bookkeeping and, in-process on
 the CPU, codes identical to the whole-text requests on the dynamic and the static-shape (CUDA-graph) paths."""
-import dataclasses
 import random
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -100,7 +100,7 @@ def run(tts, engine, prepared, plans):
                 continue
             done = tokens >= len(ids)
             if i not in known:
-                prompt = dataclasses.replace(p.prompt, text_ids=ids[:tokens])
+                prompt = msgspec.structs.replace(p.prompt, text_ids=ids[:tokens])
                 prefill, trailing = embed_prompt(tts.talker, tts.config, prompt, text_done=done)
                 engine.add_request(TalkerRequest(rid, prefill, trailing, p.sampling, token_limit(limit, tokens),
                                                  text_done=done))

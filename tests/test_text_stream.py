@@ -1,7 +1,9 @@
-"""AsyncTTSEngine.open_text_stream with real stage processes: text appended in pieces, with pauses, gives the whole
+"""AsyncTTS.open_text_stream with real stage processes: text appended in pieces, with pauses, gives the whole
 text's audio; its failures (limits, idle, abort) end it in both stages."""
 import asyncio
+import os
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from conftest import FIXTURES
 from omni_tts.config import load_stage_config
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestTimedOut, StageDeadError
 from test_supervision import RECOVERY_SECONDS, wait_until_no_stage_holds_requests
 
@@ -24,11 +26,11 @@ def request(text: str = "", **kwargs) -> SynthesisRequest:
                             sampling=SamplingParams(temperature=0, max_new_tokens=60), **kwargs)
 
 
-async def whole(engine: AsyncTTSEngine, text: str, **kwargs) -> np.ndarray:
+async def whole(engine: AsyncTTS, text: str, **kwargs) -> np.ndarray:
     return np.concatenate([c.audio async for c in engine.generate(request(text, **kwargs))])
 
 
-async def streamed(engine: AsyncTTSEngine, pieces: list[str], delays: list[float], voice: dict | None = None,
+async def streamed(engine: AsyncTTS, pieces: list[str], delays: list[float], voice: dict | None = None,
                    **kwargs):
     async with await engine.open_text_stream(request(**(voice or {})), **kwargs) as stream:
         async def feed():
@@ -51,7 +53,7 @@ def cut(rng: random.Random, text: str) -> list[str]:
 
 def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_stages():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             expected = await whole(engine, TEXT)
             rng = random.Random(3)
             runs = [streamed(engine, cut(rng, TEXT), [rng.choice([0, 0.01, 0.05]) for _ in range(9)])
@@ -83,7 +85,7 @@ def test_frames_made_before_the_text_runs_out_are_sent_at_once():
     """A request that has caught up with its text sends the frames it holds instead of keeping them for a full chunk:
     while no more text comes, the audio for the words already there must reach the player."""
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             first, rest = "One two three four five six seven eight nine ten", " eleven twelve."
             expected = await whole(engine, first + rest)
             received: list[np.ndarray] = []
@@ -121,7 +123,7 @@ async def wait_for(condition, what: str, seconds: float = 60.0) -> None:
 
 def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
             async def parked():
                 return (await engine.stats())["talker"].rows_waiting_for_text == 1
 
@@ -131,7 +133,7 @@ def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
             stream = await engine.open_text_stream(request())
             await stream.append("Hello there, this row runs out of text ")
             await wait_for(parked, "a row parked until more text comes")
-            engine.stages["talker"].process.kill()
+            os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
             with pytest.raises(StageDeadError):
                 async for _ in stream:
                     pass
@@ -147,7 +149,7 @@ def test_an_icl_prefill_waits_for_as_many_text_tokens_as_the_reference_has_frame
     text = TEXT + " " + TEXT
 
     async def main():
-        async with AsyncTTSEngine(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(FIXTURES / "tiny-base"), load_stage_config("cpu_tiny")) as engine:
             async def waiting_prompt():
                 return (await engine.stats())["talker"].prompts_waiting_for_text == 1
 

@@ -4,6 +4,7 @@ keep their pace while a request with a 10 s reference clip is admitted."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -22,9 +23,9 @@ from omni_tts.connectors.shm_ring import ChunkReader, RingOwner
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.audio import load_audio_24k
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
-from omni_tts.models.qwen3_tts.prompt import SynthesisRequest, TalkerPrompt
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
-from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.stages.protocol import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
                                       TalkerDone)
 from omni_tts.stages.talker_stage import TalkerStage
@@ -49,18 +50,12 @@ def add_request(tts: Qwen3TTS, rid: str, clip: np.ndarray | None = CLIP, ref_tex
                                x_vector_only=ref_text is None,
                                sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_tokens))
     p = tts.prompts.tokenize(request)
-    return AddRequest(request_id=rid, role_ids=p.role_ids, text_ids=p.text_ids, instruct_ids=p.instruct_ids,
-                      language_id=p.language_id, speaker_id=p.speaker_id, non_streaming=p.non_streaming,
-                      ref_text_ids=p.ref_text_ids, ref_audio=None if clip is None else clip.tobytes(),
-                      sampling=resolve_sampling(request.sampling, tts.generation_config), max_tokens=max_tokens,
-                      voice_key=voice_key)
+    return AddRequest(request_id=rid, prompt=p, sampling=resolve_sampling(request.sampling, tts.generation_config),
+                      max_tokens=max_tokens, ref_audio=None if clip is None else clip.tobytes(), voice_key=voice_key)
 
 
 def job(tts: Qwen3TTS, rid: str, **kwargs) -> FeatureJob:
-    m = add_request(tts, rid, **kwargs)
-    return FeatureJob(m, TalkerPrompt(role_ids=m.role_ids, text_ids=m.text_ids, instruct_ids=m.instruct_ids,
-                                      language_id=m.language_id, speaker_id=m.speaker_id,
-                                      non_streaming=m.non_streaming, ref_text_ids=m.ref_text_ids))
+    return FeatureJob(add_request(tts, rid, **kwargs))
 
 
 class CountingTTS:
@@ -102,14 +97,14 @@ def test_features_equal_the_inline_computation(tts, worker, ref_text):
     j = job(tts, "r", ref_text=ref_text)
     worker.submit(j)
     [done] = wait_finished(worker, 1)
-    assert done is j and done.error is None and done.prompt.speaker_embedding is None  # the loop applies them
-    done.features.apply(done.prompt)
-    expected = job(tts, "e", ref_text=ref_text).prompt
+    assert done is j and done.error is None and done.request.prompt.speaker_embedding is None  # the loop applies them
+    done.features.apply(done.request.prompt)
+    expected = job(tts, "e", ref_text=ref_text).request.prompt
     tts.add_voice_features(expected, (CLIP, 24000))
-    assert torch.equal(done.prompt.speaker_embedding, expected.speaker_embedding)
-    assert (done.prompt.ref_codes is None) == (ref_text is None)
+    assert torch.equal(done.request.prompt.speaker_embedding, expected.speaker_embedding)
+    assert (done.request.prompt.ref_codes is None) == (ref_text is None)
     if ref_text is not None:
-        assert torch.equal(done.prompt.ref_codes, expected.ref_codes)
+        assert torch.equal(done.request.prompt.ref_codes, expected.ref_codes)
 
 
 def test_identical_clips_in_one_batch_are_computed_once(tts, worker):
@@ -122,8 +117,8 @@ def test_identical_clips_in_one_batch_are_computed_once(tts, worker):
     a, b, c = jobs
     assert a.features is b.features and c.features is not a.features
     for j in jobs:
-        j.features.apply(j.prompt)
-    assert a.prompt.ref_codes is None and b.prompt.ref_codes is not None  # x-vector-only stays x-vector-only
+        j.features.apply(j.request.prompt)
+    assert a.request.prompt.ref_codes is None and b.request.prompt.ref_codes is not None  # x-vector-only stays x-vector-only
 
 
 def test_cache_is_per_voice_version_and_bounded(tts, worker):
@@ -335,7 +330,8 @@ def test_stage_abort_while_in_worker_and_error_fail_alone(tts, stage):
 # --- through the orchestrator ------------------------------------------------------------------------------------
 def test_cached_voice_gives_the_offline_audio():
     """A voice key's first use (worker) and later uses (cache; ICL entry serving an x-vector-only request too)
-    all equal offline synthesis."""
+    all equal offline synthesis, and so does the clip given as 24 kHz samples (as the server passes what it
+    decoded)."""
     def request(x_vector_only: bool) -> SynthesisRequest:
         return SynthesisRequest(text="Clone me.", language="english", ref_audio=(CLIP, 24000), ref_text=REF_TEXT,
                                 x_vector_only=x_vector_only, sampling=SamplingParams(temperature=0, max_new_tokens=30))
@@ -344,10 +340,13 @@ def test_cached_voice_gives_the_offline_audio():
     expected = {x: synthesize(offline, [request(x)])[0].audio for x in (False, True)}
 
     async def main() -> None:
-        async with AsyncTTSEngine(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
+        async with AsyncTTS(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
             for x_vector_only in (False, False, True):
                 chunks = [c async for c in engine.generate(request(x_vector_only), voice_key="fox@1.0")]
                 audio = np.concatenate([c.audio for c in chunks])
                 np.testing.assert_allclose(audio, expected[x_vector_only], atol=1e-5, rtol=0)
+            samples = dataclasses.replace(request(False), ref_audio=CLIP)
+            audio = np.concatenate([c.audio async for c in engine.generate(samples)])
+            np.testing.assert_allclose(audio, expected[False], atol=1e-5, rtol=0)
 
     asyncio.run(main())

@@ -1,6 +1,6 @@
 """Stage 1: codec frames → audio with the exact stateful streaming decoder, batched across requests.
 
-Each registered request owns a `DecoderStreamState`. A step is schedule → decode → postprocess: the scheduler
+Each registered request owns a `Code2WavRequest` (its `DecoderStreamState`). A step is schedule → decode → postprocess: the scheduler
 (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
 equal length share one batched decoder call (rows at different stream offsets), and each piece returns only its
 new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces prime the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 
-__all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "measure_frame_budget"]
+__all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "Code2WavRequest", "measure_frame_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 MAX_CALIBRATION_SECONDS = 1.0
 BUDGET_COST_TOLERANCE = 1.1
 CALIBRATION_REPEATS = 2  # best of: interference from other processes only ever adds time
+
+
+@dataclass
+class Code2WavRequest:
+    """One request's decoder state, and the audio of a chunk split across steps (it leaves whole, as cut)."""
+    stream: DecoderStreamState
+    partial_audio: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -57,14 +64,13 @@ class Code2WavEngine:
                                            decoder.samples_per_frame / SAMPLE_RATE, lanes)
         # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
         self.lane_pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="code2wav-lane") if lanes > 1 else None
-        self.states: dict[str, DecoderStreamState] = {}
-        self.partial_audio: dict[str, list[np.ndarray]] = {}  # a split chunk's audio leaves whole, as cut
+        self.requests: dict[str, Code2WavRequest] = {}
         self.num_steps = 0
 
     def add_request(self, request_id: str) -> None:
         """Pre-register (allocates the stream state) before the first chunk arrives."""
-        if request_id not in self.states:
-            self.states[request_id] = self.decoder.new_stream_state(1)
+        if request_id not in self.requests:
+            self.requests[request_id] = Code2WavRequest(self.decoder.new_stream_state(1))
             self.scheduler.add_request(request_id, time.monotonic())
 
     def add_chunk(self, request_id: str, chunk: CodecChunk) -> bool:
@@ -80,8 +86,7 @@ class Code2WavEngine:
 
     def abort(self, request_id: str) -> bool:
         self.scheduler.abort(request_id)
-        self.partial_audio.pop(request_id, None)
-        return self.states.pop(request_id, None) is not None
+        return self.requests.pop(request_id, None) is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -94,15 +99,15 @@ class Code2WavEngine:
         outputs = []
         for piece, samples in zip(batch, audio):
             rid = piece.request_id
-            if piece.is_last:
-                del self.states[rid]
+            request = self.requests.pop(rid) if piece.is_last else self.requests[rid]
             if piece.chunk.is_context:  # primes the state; emits only the end marker of a context-only request
                 if piece.is_last:
                     outputs.append(AudioOutput(rid, np.zeros(0, np.float32), True))
             elif not piece.ends_chunk:
-                self.partial_audio.setdefault(rid, []).append(samples)
+                request.partial_audio.append(samples)
             else:
-                samples = np.concatenate([*self.partial_audio.pop(rid, []), samples])
+                samples = np.concatenate([*request.partial_audio, samples])
+                request.partial_audio = []
                 outputs.append(AudioOutput(rid, samples, piece.is_last))
         self.num_steps += 1
         return outputs
@@ -120,7 +125,7 @@ class Code2WavEngine:
         results += [future.result() for future in others]
         for lane in results:
             for i, samples, row_state in lane:
-                self.states[batch[i].request_id] = row_state
+                self.requests[batch[i].request_id].stream = row_state
                 audio[i] = samples
         return audio
 
@@ -132,7 +137,7 @@ class Code2WavEngine:
         for rows in calls:
             codes = torch.from_numpy(np.stack([batch[i].codes for i in rows]).astype(np.int64))
             codes = codes.transpose(1, 2).to(self.device)                           # [B, 16, F]
-            state = DecoderStreamState.stack([self.states[batch[i].request_id] for i in rows])
+            state = DecoderStreamState.stack([self.requests[batch[i].request_id].stream for i in rows])
             wav = self.decoder.decode_chunk(codes, state).float().cpu().numpy()     # [B, F * samples_per_frame]
             out += zip(rows, wav, state.unbind())
         return out

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before
     from omni_tts.audio.url_fetch import UrlPolicy
     from omni_tts.config import PipelineConfig
     from omni_tts.entrypoints.api.config import ServerConfig
-    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
-    from omni_tts.orchestrator.engine_protocol import TTSEngine
+    from omni_tts.orchestrator.async_tts import AsyncTTS
+    from omni_tts.orchestrator.client_protocol import TTSClient
 
 logger = logging.getLogger("omni_tts.serve")
 
@@ -53,12 +53,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
     """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
-    from omni_tts.orchestrator.async_engine import AsyncTTSEngine
+    from omni_tts.orchestrator.async_tts import AsyncTTS
 
     model_dir, stage_config, pipeline, names = load_checkpoint(args)
     prepare_server_process()
-    engine = AsyncTTSEngine(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
-                            max_restarts=args.max_restarts)
+    engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
+                      max_restarts=args.max_restarts)
     # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     url = listener_url(listener)
@@ -116,7 +116,7 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
         stream_idle_timeout=args.stream_idle_timeout)
 
 
-def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSEngine, config: ServerConfig,
+def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSClient, config: ServerConfig,
                ready: str) -> int:
     """Serve `engine`'s app on `listener` until SIGINT/SIGTERM (0), or until it does not start or gives up (1)."""
     from aiohttp import web
@@ -144,7 +144,7 @@ def listener_url(listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ready_line(engine: AsyncTTSEngine, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
+def ready_line(engine: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
     stages = "; ".join(
         f"{name} on {cfg.device} ({cfg.dtype}, max batch {engine.batch_sizes[name]}, "
         f"{engine.threads[name]} torch thread{'s' if engine.threads[name] > 1 else ''})"

@@ -3,7 +3,7 @@ front of Ray Serve replicas of the engine (orchestrator/ray_replica.py) instead 
 
 Ray Serve's HTTP proxy is not used (aiohttp is no ASGI app, and one front end keeps every route, body, stream and
 error literally the code `serve` runs): the app calls the replicas through a DeploymentHandle
-(orchestrator/ray_engine.py). Uploaded voices live in this process's store and travel inside each request, so
+(orchestrator/ray_tts.py). Uploaded voices live in this process's store and travel inside each request, so
 every replica can use them. Joins the Ray cluster at $RAY_ADDRESS, else starts a local Ray instance with this
 machine's cores and GPUs, and ends it on exit.
 """
@@ -75,7 +75,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
     import ray
     from ray import serve
 
-    from omni_tts.orchestrator.ray_engine import RayEngine
+    from omni_tts.orchestrator.ray_tts import RayTTS
     from omni_tts.orchestrator.ray_replica import EngineReplica
 
     model_dir, stage_config, pipeline, names = load_checkpoint(args)
@@ -106,7 +106,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         ray.init(num_cpus=available_cpus(), include_dashboard=False, logging_level=logging.WARNING)
     try:
         serve.start(proxy_location="Disabled")
-        engine = RayEngine(app, app_name, DEPLOYMENT, model_dir, pipeline)
+        engine = RayTTS(app, app_name, DEPLOYMENT, model_dir, pipeline)
         count = f"{low} replica{'s' if low > 1 else ''}" if low == high else f"{low} to {high} replicas"
         threads = ", ".join(f"{stage} {n}" for stage, n in stage_threads(pipeline, cores).items())
         each = (f"{args.cpus_per_replica:g} CPU and {gpus:g} GPU each, stage config {stage_config}, torch threads "

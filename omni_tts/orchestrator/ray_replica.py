@@ -1,8 +1,8 @@
-"""serve-ray's replica: one Ray Serve replica owns one AsyncTTSEngine, whose two stage processes are children of
+"""serve-ray's replica: one Ray Serve replica owns one AsyncTTS, whose two stage processes are children of
 the replica's actor process, on the GPUs Ray assigned it (CUDA_VISIBLE_DEVICES, which the stages inherit: the stage
 config's `cuda:0` is the replica's first GPU).
 
-The API process (ray_engine.RayEngine) calls it through a DeploymentHandle: `generate` and `text_session` stream
+The API process (ray_tts.RayTTS) calls it through a DeploymentHandle: `generate` and `text_session` stream
 the request's GenerationChunks back; an error the client is told about (ENGINE_ERRORS) comes as the stream's last
 item, pickled whole, so the API process raises the very exception a local engine would (Ray would wrap a raised
 one in the replica's traceback). Cancelling the stream in the API process cancels the method here, which closes
@@ -23,9 +23,8 @@ from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import AsyncTTSEngine
+from .async_tts import AsyncTTS, TextStream
 from .types import GenerationChunk, RequestFailed, StageDeadError
-from .text_stream import TextStream
 
 # the errors server.py turns into a status and a message (RequestTimedOut is a RequestFailed)
 ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
@@ -38,8 +37,8 @@ class EngineReplica:
         the replica's share of cores, which its CPU stages' threads split (not every core of the node)."""
         set_torch_threads(1)  # this process only routes messages; the cores belong to the stages
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.engine = AsyncTTSEngine(resolve_model_dir(model) if model else default_model_dir(), pipeline,
-                                     cpus=cpus, **engine_options)
+        self.engine = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
+                               cpus=cpus, **engine_options)
         await self.engine.start()
         self._stats_lock = asyncio.Lock()  # the engine keeps one pending stats answer per stage
 
@@ -55,7 +54,7 @@ class EngineReplica:
             yield item
 
     async def text_session(self, relay: ActorHandle, request: SynthesisRequest, options: dict) -> AsyncIterator[Item]:
-        """A request whose text arrives in pieces through `relay` (ray_engine.TextRelay), keyed by its request id.
+        """A request whose text arrives in pieces through `relay` (ray_tts.TextRelay), keyed by its request id.
         The first item is None once it is open (or the error that refused it)."""
         try:
             stream = await self.engine.open_text_stream(request, **options)

@@ -1,4 +1,11 @@
-"""Stage 1 process: chunks from the connector → batched streaming decode → audio to the orchestrator."""
+"""Stage 1 process: chunks from the connector → batched streaming decode → audio to the orchestrator.
+
+A request's decoder state exists only from its Register (a control message from the orchestrator) to its last chunk
+or its abort; a chunk never creates one. Register is sent before the talker gets the request, but on another
+socket, so under load a request's first chunks can arrive first: they wait for it (their codes copied, their slots
+given back) at most REGISTER_GRACE seconds, MAX_EARLY_CHUNKS in all. A chunk of an aborted request, and one whose
+Register does not come, is dropped and counted (StageStats.unknown_chunks).
+"""
 from __future__ import annotations
 
 import collections
@@ -6,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,8 +28,9 @@ from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, A
 
 logger = logging.getLogger(__name__)
 
-_RECENTLY_ABORTED = 4096  # chunks still in flight for an aborted request are dropped, not re-registered
-
+REGISTER_GRACE_NS = 2 * 10**9
+MAX_EARLY_CHUNKS = 256
+_RECENTLY_ABORTED = 4096  # their chunks still in flight are dropped at once, not held for a Register
 
 class Code2WavStage:
     def __init__(self, launch: StageLaunch) -> None:
@@ -36,10 +45,14 @@ class Code2WavStage:
         self.io = StageIO(launch, self.condition)
         self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop
                                    on_error=lambda e: self.io.thread_failed("connector", e))
-        self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0
+        self.num_unknown_chunks = 0
+        # chunks that came before their request's Register: id -> [(arrival ns, seq, chunk)], oldest request first
+        self.early: collections.OrderedDict[str, list[tuple[int, int, CodecChunk]]] = collections.OrderedDict()
+        self.num_early = 0
+        self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def run(self) -> None:
         self.reader.start()
@@ -56,19 +69,10 @@ class Code2WavStage:
             for chunk in self.reader.get_all_nowait():
                 self.connector_latencies.observe((now - chunk.put_ns) / 1e9)
                 self.num_chunks += 1
-                rid = chunk.request_id
-                if rid not in self.aborted:
-                    self.engine.add_request(rid)  # normally pre-registered already; a no-op then
-                    try:
-                        self.engine.add_chunk(rid, CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context))
-                    except ValueError as e:
-                        # which chunk and of what kind (reference codes or generated frames) says where to look
-                        where = f"chunk {chunk.seq} ({'reference context' if chunk.is_context else 'generated'})"
-                        logger.error("request %s: %s refused: %s: %s", rid, where, e, np.array(chunk.codes).tolist())
-                        self._abort(rid)
-                        error = f"code2wav cannot decode its codes: {where}: {e}"
-                        self.io.send(AudioChunk(rid, b"", True, error=error))
+                codec = CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context)
                 self.reader.release(chunk)
+                self._on_chunk(chunk.request_id, chunk.seq, codec, now)
+            self._drop_early(lambda arrived: now - arrived > REGISTER_GRACE_NS)
             if self.engine.has_work():
                 started = time.perf_counter()
                 outputs = self.engine.step()
@@ -76,22 +80,66 @@ class Code2WavStage:
                 for out in outputs:
                     self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
 
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self.aborted[request_id] = None
+    def _on_chunk(self, rid: str, seq: int, chunk: CodecChunk, now: int) -> None:
+        if rid in self.engine.requests:
+            self._add_chunk(rid, seq, chunk)
+        elif rid in self.aborted:
+            self.num_unknown_chunks += 1
+        else:
+            self.early.setdefault(rid, []).append((now, seq, chunk))
+            self.num_early += 1
+            if self.num_early > MAX_EARLY_CHUNKS:
+                self._drop_early(lambda arrived: True, count=1)
+
+    def _drop_early(self, expired: Callable[[int], bool], count: int | None = None) -> None:
+        """Drop the waiting chunks of the requests that waited longest, while `expired(first arrival)` (at least
+        `count` chunks, when given)."""
+        dropped = 0
+        while self.early and (count is None or dropped < count):
+            rid, chunks = next(iter(self.early.items()))
+            if not expired(chunks[0][0]):
+                return
+            del self.early[rid]
+            dropped += len(chunks)
+            self.num_early -= len(chunks)
+            self.num_unknown_chunks += len(chunks)
+            logger.debug("%d chunk(s) of unknown request %r dropped", len(chunks), rid)
+
+    def _add_chunk(self, rid: str, seq: int, chunk: CodecChunk) -> None:
+        try:
+            self.engine.add_chunk(rid, chunk)
+        except ValueError as e:
+            # which chunk and of what kind (reference codes or generated frames) says where to look
+            where = f"chunk {seq} ({'reference context' if chunk.is_context else 'generated'})"
+            logger.error("request %s: %s refused: %s: %s", rid, where, e, chunk.codes.tolist())
+            self._abort(rid)
+            self.io.send(AudioChunk(rid, b"", True, error=f"code2wav cannot decode its codes: {where}: {e}"))
+
+    def _abort(self, rid: str) -> None:
+        self.engine.abort(rid)
+        chunks = self.early.pop(rid, [])
+        self.num_early -= len(chunks)
+        self.num_unknown_chunks += len(chunks)
+        self.aborted[rid] = None
         while len(self.aborted) > _RECENTLY_ABORTED:
             self.aborted.popitem(last=False)
 
     def _handle(self, message: object) -> None:
         if isinstance(message, Register):
-            self.aborted.pop(message.request_id, None)
-            self.engine.add_request(message.request_id)
+            rid = message.request_id
+            self.aborted.pop(rid, None)
+            self.engine.add_request(rid)
+            chunks = self.early.pop(rid, [])
+            self.num_early -= len(chunks)
+            for _, seq, chunk in chunks:
+                if rid in self.engine.requests:  # not refused meanwhile
+                    self._add_chunk(rid, seq, chunk)
         elif isinstance(message, Abort):
             self._abort(message.request_id)
         elif isinstance(message, GetStats):
-            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.states), self.engine.num_steps,
+            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.requests), self.engine.num_steps,
                                     time.process_time(), self.step_durations, self.num_chunks,
-                                    self.connector_latencies))
+                                    self.connector_latencies, self.num_unknown_chunks))
 
 
 def main(launch_bytes: bytes) -> None:

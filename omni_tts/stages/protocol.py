@@ -6,23 +6,19 @@ import bisect
 import msgspec
 
 from omni_tts.connectors.kinds import ConnectorSpec
+from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 
 # --- orchestrator → stages -------------------------------------------------------------------------------------
 class AddRequest(msgspec.Struct, tag=True):
-    """Stage 0: a tokenized, validated request; the stage adds voice features and embeds it."""
+    """Stage 0: one prepared request (the input processor's output): its tokenized, validated prompt, resolved
+    sampling and token limit; the stage adds the voice features and embeds it."""
     request_id: str
-    role_ids: list[int]
-    text_ids: list[int]
-    instruct_ids: list[int]
-    language_id: int | None
-    speaker_id: int | None
-    non_streaming: bool
-    ref_text_ids: list[int] | None
-    ref_audio: bytes | None          # Base: float32 mono samples at 24 kHz
+    prompt: TalkerPrompt
     sampling: ResolvedSampling       # a dataclass: msgspec encodes and decodes it as is
     max_tokens: int
+    ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
     voice_key: str | None = None     # an uploaded voice's version (VoiceRecord.version_key): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
@@ -111,6 +107,8 @@ class StageStats(msgspec.Struct, tag=True):
     step_durations: DurationHistogram          # time inside each engine step
     connector_chunks: int = 0                  # code2wav: connector chunks received
     connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken
+    unknown_chunks: int = 0              # code2wav: chunks for no registered request (aborted, or not ours),
+                                         # dropped without state
     prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
                                          # as many text tokens as the reference has frames)
     rows_waiting_for_text: int = 0       # talker: rows parked until their next text row arrives

@@ -18,7 +18,7 @@ from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
-from omni_tts.models.qwen3_tts.prompt import TalkerPrompt, embed_prompt, embed_text
+from omni_tts.models.qwen3_tts.prompt import embed_prompt, embed_text
 
 from .common import StageIO, run_stage
 from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, GetStats, Ready,
@@ -27,14 +27,21 @@ from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatureWorker
 
 
 @dataclass
-class OpenText:
-    """A request added with open text, from its AddRequest to its last AppendText."""
-    request: AddRequest
+class TalkerStageRequest:
+    """One request in this stage, from its AddRequest to its TalkerDone (or abort)."""
+    add: AddRequest                          # its prompt gets the voice features (at once but for Base)
     max_tokens: int                          # the token limit for the text so far
-    done: bool = False
-    prompt: TalkerPrompt | None = None       # once its voice features are in (at once but for Base)
-    pending_ids: list[int] = field(default_factory=list)   # arrived before the request could enter the engine
-    in_engine: bool = False
+    text_done: bool
+    has_features: bool = False
+    pending_ids: list[int] = field(default_factory=list)   # text that came before it could enter the engine
+    chunker: FrameChunker | None = None      # from its admission into the engine on
+    seq: int = 0                             # its next connector chunk
+    num_prompt_rows: int = 0
+    num_frames: int = 0
+
+    @property
+    def in_engine(self) -> bool:
+        return self.chunker is not None
 
 
 class TalkerStage:
@@ -50,11 +57,7 @@ class TalkerStage:
         self.writer = chunk_writer(launch.connector, on_error=lambda e: self.io.thread_failed("connector", e))
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
-        self.chunkers: dict[str, FrameChunker] = {}
-        self.seq: dict[str, int] = {}
-        self.prompt_rows: dict[str, int] = {}
-        self.num_frames: dict[str, int] = {}
-        self.open_texts: dict[str, OpenText] = {}
+        self.requests: dict[str, TalkerStageRequest] = {}
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
 
     def run(self) -> None:
@@ -70,23 +73,25 @@ class TalkerStage:
                     return
                 self._handle(message)
             for job in self.voice_features.take_finished():
+                request = self.requests[job.request.request_id]  # an aborted job is never handed back
                 if job.error is not None:
-                    self._fail(job.request.request_id, job.error)
+                    self._fail(request, job.error)
                 else:
-                    job.features.apply(job.prompt)
-                    self._add(job.request, job.prompt)
+                    job.features.apply(request.add.prompt)
+                    self._on_features(request)
             if self.engine.has_work():
                 started = time.perf_counter()
                 outputs = self.engine.step()
                 self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
-                    self._emit(out.request_id, out.frame, out.finished, out.finish_reason)
+                    self._emit(self.requests[out.request_id], out.frame, out.finished, out.finish_reason)
                 # a request that caught up with its text sends what it has: the player must not run dry on audio
                 # that is made already (the cost: smaller chunks while the text is slower than the talker)
                 for request_id in self.engine.waiting_for_text():
-                    chunk = self.chunkers[request_id].flush()
+                    request = self.requests[request_id]
+                    chunk = request.chunker.flush()
                     if chunk is not None:
-                        self._put(request_id, chunk, False)
+                        self._put(request, chunk, False)
 
     def _handle(self, message: object) -> None:
         if isinstance(message, AddRequest):
@@ -96,111 +101,94 @@ class TalkerStage:
         elif isinstance(message, Abort):
             self.voice_features.cancel(message.request_id)
             self.engine.abort(message.request_id)
-            self._forget(message.request_id)
+            self.requests.pop(message.request_id, None)
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
             self.io.send(StageStats(
                 "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(), self.step_durations,
-                prompts_waiting_for_text=sum(not t.in_engine for t in self.open_texts.values()),
+                prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
                 rows_waiting_for_text=stats.num_parked))
 
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
-        prompt = TalkerPrompt(role_ids=m.role_ids, text_ids=m.text_ids, instruct_ids=m.instruct_ids,
-                              language_id=m.language_id, speaker_id=m.speaker_id, non_streaming=m.non_streaming,
-                              ref_text_ids=m.ref_text_ids)
-        if m.text_open:
-            self.open_texts[m.request_id] = OpenText(m, m.max_tokens)
+        request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open)
         if m.ref_audio is not None:
-            cached = self.voice_cache.get(m.voice_key, icl=prompt.ref_text_ids is not None)
+            cached = self.voice_cache.get(m.voice_key, icl=m.prompt.ref_text_ids is not None)
             if cached is None:
-                self.voice_features.submit(FeatureJob(m, prompt))
+                self.voice_features.submit(FeatureJob(m))
                 return
-            cached.apply(prompt)
-        self._add(m, prompt)
+            cached.apply(m.prompt)
+        self._on_features(request)
 
-    def _add(self, m: AddRequest, prompt: TalkerPrompt) -> None:
+    def _on_features(self, request: TalkerStageRequest) -> None:
         """A request with its voice features: into the engine, or (open text) once its prefill's text is here."""
+        request.has_features = True
         try:
-            open_text = self.open_texts.get(m.request_id)
-            if open_text is None:
-                self._admit(m, prompt, m.max_tokens, text_done=True)
-            else:
-                open_text.prompt = prompt
-                self._start_open_text(open_text)
+            self._admit_if_ready(request)
         except Exception as e:  # a bad request fails alone, the stage keeps serving
-            self._fail(m.request_id, f"{type(e).__name__}: {e}")
+            self._fail(request, f"{type(e).__name__}: {e}")
 
     def _on_append_text(self, m: AppendText) -> None:
-        open_text = self.open_texts.get(m.request_id)
-        if open_text is None:
+        request = self.requests.get(m.request_id)
+        if request is None or request.text_done:
             return  # ended meanwhile (its end token, an abort, an error): the rest of its text has no use
-        open_text.max_tokens, open_text.done = m.max_tokens, m.done
+        request.max_tokens, request.text_done = m.max_tokens, m.done
         try:
-            if open_text.in_engine:
+            if request.in_engine:
                 rows = embed_text(self.tts.talker, self.tts.config, m.text_ids, m.done)
                 self.engine.append_text(m.request_id, rows, m.max_tokens, m.done)
-                if m.done:
-                    del self.open_texts[m.request_id]
             else:
-                open_text.pending_ids += m.text_ids
-                if open_text.prompt is not None:
-                    self._start_open_text(open_text)
+                request.pending_ids += m.text_ids
+                if request.has_features:
+                    self._admit_if_ready(request)
         except Exception as e:
-            self._fail(m.request_id, f"{type(e).__name__}: {e}")
+            self._fail(request, f"{type(e).__name__}: {e}")
 
-    def _start_open_text(self, open_text: OpenText) -> None:
-        prompt = open_text.prompt
-        prompt.text_ids += open_text.pending_ids
-        open_text.pending_ids = []
-        if open_text.done or len(prompt.text_ids) >= prompt.prefill_text_tokens:
-            self._admit(open_text.request, prompt, open_text.max_tokens, open_text.done)
-            open_text.in_engine = True
-            if open_text.done:
-                del self.open_texts[open_text.request.request_id]
+    def _admit_if_ready(self, request: TalkerStageRequest) -> None:
+        prompt = request.add.prompt
+        prompt.text_ids += request.pending_ids
+        request.pending_ids = []
+        if request.text_done or len(prompt.text_ids) >= prompt.prefill_text_tokens:
+            self._admit(request)
 
-    def _fail(self, request_id: str, error: str) -> None:
-        self.engine.abort(request_id)
-        self._forget(request_id)
-        self.io.send(TalkerDone(request_id, 0, "error", error=error))
+    def _fail(self, request: TalkerStageRequest, error: str) -> None:
+        self.voice_features.cancel(request.add.request_id)
+        self.engine.abort(request.add.request_id)
+        self.requests.pop(request.add.request_id, None)
+        self.io.send(TalkerDone(request.add.request_id, 0, "error", error=error))
 
     @torch.inference_mode()
-    def _admit(self, m: AddRequest, prompt: TalkerPrompt, max_tokens: int, text_done: bool) -> None:
+    def _admit(self, request: TalkerStageRequest) -> None:
         """Embed the prompt (voice features filled in), queue it in the engine, and put any ICL context chunk
         into the connector: before the request's first frame, which only a later step makes."""
-        prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, text_done)
-        self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, max_tokens, text_done))
+        m, prompt = request.add, request.add.prompt
+        prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, request.text_done)
+        self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, request.max_tokens,
+                                              request.text_done))
         initial = m.initial_chunk_frames or self.launch.initial_chunk_frames
         max_frames = self.launch.connector.max_frames
-        self.chunkers[m.request_id] = FrameChunker(min(initial, max_frames), self.launch.chunk_frames)
-        self.seq[m.request_id] = 0
-        self.prompt_rows[m.request_id] = prefill.shape[0]
-        self.num_frames[m.request_id] = 0
+        request.chunker = FrameChunker(min(initial, max_frames), self.launch.chunk_frames)
+        request.num_prompt_rows = prefill.shape[0]
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
             codes = prompt.ref_codes.cpu().numpy()
             for start in range(0, codes.shape[0], max_frames):
-                self._put(m.request_id, codes[start:start + max_frames], False, True)
+                self._put(request, codes[start:start + max_frames], False, True)
 
-    def _put(self, request_id: str, codes: np.ndarray, is_last: bool, is_context: bool = False) -> None:
-        self.writer.put(request_id, self.seq[request_id], codes, is_last, is_context)
-        self.seq[request_id] += 1
+    def _put(self, request: TalkerStageRequest, codes: np.ndarray, is_last: bool, is_context: bool = False) -> None:
+        self.writer.put(request.add.request_id, request.seq, codes, is_last, is_context)
+        request.seq += 1
 
-    def _emit(self, request_id: str, frame: np.ndarray | None, finished: bool, reason: str | None) -> None:
-        chunk = self.chunkers[request_id].add(frame, finished)
+    def _emit(self, request: TalkerStageRequest, frame: np.ndarray | None, finished: bool,
+              reason: str | None) -> None:
+        chunk = request.chunker.add(frame, finished)
         if chunk is not None:
-            self._put(request_id, chunk, finished)
+            self._put(request, chunk, finished)
         if frame is not None:
-            self.num_frames[request_id] += 1
+            request.num_frames += 1
         if finished:
-            self.io.send(TalkerDone(request_id, self.num_frames[request_id], reason, self.prompt_rows[request_id]))
-            self._forget(request_id)
-
-    def _forget(self, request_id: str) -> None:
-        self.chunkers.pop(request_id, None)
-        self.seq.pop(request_id, None)
-        self.prompt_rows.pop(request_id, None)
-        self.num_frames.pop(request_id, None)
-        self.open_texts.pop(request_id, None)
+            request_id = request.add.request_id
+            self.io.send(TalkerDone(request_id, request.num_frames, reason, request.num_prompt_rows))
+            del self.requests[request_id]
 
 
 def main(launch_bytes: bytes) -> None:

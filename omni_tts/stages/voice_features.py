@@ -17,16 +17,16 @@ reuses a clip should upload it.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import sys
 import threading
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.model import SAMPLE_RATE, Qwen3TTS
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 
 from .protocol import AddRequest
@@ -55,14 +55,13 @@ class VoiceFeatures:
 
 @dataclass
 class FeatureJob:
-    request: AddRequest
-    prompt: TalkerPrompt                 # the loop's (the worker only reads whether it is ICL)
+    request: AddRequest                  # its prompt is the loop's (the worker only reads whether it is ICL)
     features: VoiceFeatures | None = None   # set by the worker, or
     error: str | None = None                # why the clip gave none
 
     @property
     def icl(self) -> bool:
-        return self.prompt.ref_text_ids is not None
+        return self.request.prompt.ref_text_ids is not None
 
 
 class VoiceFeatureCache:
@@ -186,12 +185,12 @@ class VoiceFeatureWorker:
             if cached is not None:
                 return cached
         # a copy of the ICL job's prompt, if any, so the model computes the reference codes too
-        prompt = dataclasses.replace(next((job.prompt for job in jobs if job.icl), jobs[0].prompt))
+        prompt = msgspec.structs.replace(next((job for job in jobs if job.icl), jobs[0]).request.prompt)
         wav = np.frombuffer(audio, dtype=np.float32).copy()
         if self.stream is None:
-            self.tts.add_voice_features(prompt, (wav, SAMPLE_RATE))
+            self.tts.add_voice_features(prompt, wav)
         else:
             with torch.cuda.stream(self.stream):
-                self.tts.add_voice_features(prompt, (wav, SAMPLE_RATE))
+                self.tts.add_voice_features(prompt, wav)
             self.stream.synchronize()
         return VoiceFeatures(prompt.speaker_embedding, prompt.ref_codes)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (engine_protocol.TTSEngine): the
+"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (client_protocol.TTSClient): the
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
 Routes: POST /v1/audio/speech (speech.py), WS /v1/audio/speech/stream (speech_stream.py), GET/POST
@@ -14,7 +14,7 @@ from aiohttp import web
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.openapi import openapi_routes
 from omni_tts.entrypoints.playground import playground_routes
-from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.orchestrator.client_protocol import TTSClient
 
 from .access_log import send_request_id
 from .auth import SPEECH_STREAM_PATH, api_key_middleware
@@ -28,7 +28,7 @@ from .state import CONFIG, ENGINE, STATE, ServerState
 from .voice_routes import VOICE_ROUTES
 
 
-def build_app(engine: TTSEngine, config: ServerConfig, owns_engine: bool = True) -> web.Application:
+def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True) -> web.Application:
     """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
     cors = Cors(config.allowed_origins)
     middlewares = [cors.middleware(), count_speech_requests, error_middleware]

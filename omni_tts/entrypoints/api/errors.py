@@ -9,7 +9,7 @@ from aiohttp import web
 
 from omni_tts.entrypoints.protocol import ApiError
 from omni_tts.models.qwen3_tts.prompt import RequestError
-from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def api_error(error: ApiError | RequestError | StageDeadError | RequestFailed) -
     raise TypeError(f"not a request error: {error!r}")
 
 
-def unavailable_message(engine: TTSEngine) -> str:
+def unavailable_message(engine: TTSClient) -> str:
     """Why new requests are refused while the engine is unhealthy."""
     if engine.fatal is not None:
         return f"the pipeline failed for good ({engine.fatal}); the server is exiting"

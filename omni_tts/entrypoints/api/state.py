@@ -12,7 +12,7 @@ from omni_tts.audio.url_fetch import RemoteAudioFetcher
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
-from omni_tts.orchestrator.engine_protocol import TTSEngine
+from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.stages.protocol import StageStats
 
 from .config import ServerConfig
@@ -25,7 +25,7 @@ class ServerState:
     nothing in it may wait on anything but the CPU. The voice store's calls, which may wait on the replicas' file
     lock, run in `voice_pool` instead, so a held lock never stalls an encoder."""
 
-    def __init__(self, engine: TTSEngine, config: ServerConfig, voice_names: VoiceNames) -> None:
+    def __init__(self, engine: TTSClient, config: ServerConfig, voice_names: VoiceNames) -> None:
         self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
@@ -64,6 +64,6 @@ class ServerState:
         self.voice_pool.shutdown(wait=False, cancel_futures=True)
 
 
-ENGINE = web.AppKey("engine", TTSEngine)
+ENGINE = web.AppKey("engine", TTSClient)
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", ServerState)

@@ -46,7 +46,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         try:
             samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
                                             allowed_local_path=state.config.allowed_local_media_path)
-            ref_audio = (samples, SAMPLE_RATE)
+            ref_audio = samples  # decoded at 24 kHz: the engine takes it as it is
         except RefAudioError as e:
             raise ApiError(e.status, str(e), "ref_audio") from None
     elif voice.uploaded is not None:
@@ -57,7 +57,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         if loaded is None:  # deleted since the request was checked
             raise unknown_uploaded_voice(voice.uploaded)
         record, samples = loaded
-        ref_audio = (samples, SAMPLE_RATE)
+        ref_audio = samples
         voice_key = record.version_key
         if ref_text is None:
             ref_text = record.ref_text

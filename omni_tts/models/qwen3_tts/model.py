@@ -21,9 +21,13 @@ from .weights import load_strict, read_tensors, resolve_model_dir, safetensors_f
 
 
 def reference_audio_24k(ref_audio: AudioInput) -> np.ndarray:
-    """A path, file bytes or (samples, rate) → float32 mono at 24 kHz; RequestError('ref_audio') if unreadable."""
+    """A path, file bytes, (samples, rate) or samples at 24 kHz → float32 mono at 24 kHz; RequestError('ref_audio')
+    if unreadable."""
     try:
-        wav, sr = ref_audio if isinstance(ref_audio, tuple) else load_audio(ref_audio)
+        if isinstance(ref_audio, np.ndarray):
+            wav, sr = ref_audio, SAMPLE_RATE
+        else:
+            wav, sr = ref_audio if isinstance(ref_audio, tuple) else load_audio(ref_audio)
         return resample_to(np.asarray(wav, dtype=np.float32), sr, SAMPLE_RATE)
     except (ValueError, OSError, RuntimeError) as e:
         raise RequestError("ref_audio", f"could not read ref_audio: {e}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import torch
 from tokenizers import Tokenizer
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 # user-facing task type → checkpoint `tts_model_type`
 TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
-AudioInput = str | bytes | tuple[np.ndarray, int]
+AudioInput = str | bytes | tuple[np.ndarray, int] | np.ndarray   # an array: float32 mono samples at 24 kHz
 
 
 class RequestError(ValueError):
@@ -44,7 +45,7 @@ class SynthesisRequest:
     voice: str | None = None              # CustomVoice speaker name
     language: str | None = None           # None = Auto
     instructions: str | None = None
-    ref_audio: AudioInput | None = None   # Base: path, file bytes or (samples, sample_rate)
+    ref_audio: AudioInput | None = None   # Base: path, file bytes, (samples, sample_rate) or 24 kHz samples
     ref_text: str | None = None           # Base ICL transcript of ref_audio
     x_vector_only: bool = False
     non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
@@ -63,9 +64,9 @@ class PromptLimits:
 _CONTROL_ROWS = 11
 
 
-@dataclass
-class TalkerPrompt:
-    """Everything the prefill needs, as ids and (for Base) voice features."""
+class TalkerPrompt(msgspec.Struct, omit_defaults=True):
+    """Everything the prefill needs, as ids and (for Base) voice features. The ids cross to the talker stage inside
+    its AddRequest; the voice features are computed there (they are None on the wire)."""
     role_ids: list[int]
     text_ids: list[int]
     instruct_ids: list[int]

@@ -1,5 +1,5 @@
-"""What the HTTP server needs of an engine: `AsyncTTSEngine` in one process (`omni-tts serve`), or `RayEngine`
-(ray_engine.py), which forwards to AsyncTTSEngine replicas under Ray Serve (`omni-tts serve-ray`). server.py and
+"""What the HTTP server needs of an engine: `AsyncTTS` in one process (`omni-tts serve`), or `RayTTS`
+(ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). server.py and
 speech_stream.py are written against this alone, so every route answers the same whichever engine is behind it.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .types import GenerationChunk
 
 
 class SpeechTextStream(Protocol):
-    """A request whose text arrives in pieces (text_stream.TextStream): append, finish, iterate for the audio;
+    """A request whose text arrives in pieces (async_tts.TextStream): append, finish, iterate for the audio;
     aclose aborts it unless it ended."""
 
     async def append(self, text: str) -> None: ...
@@ -27,7 +27,7 @@ class SpeechTextStream(Protocol):
     async def aclose(self) -> None: ...
 
 
-class TTSEngine(Protocol):
+class TTSClient(Protocol):
     @property
     def config(self) -> Qwen3TTSConfig: ...
 
@@ -58,15 +58,15 @@ class TTSEngine(Protocol):
 
     async def shutdown(self) -> None: ...
 
-    def generate(self, request: SynthesisRequest, request_id: str | None = None, output_dtype: str = "float32",
+    def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[GenerationChunk]: ...
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
-                               voice_key: str | None = None, first_audio_timeout: float | None = None,
-                               timeout: float | None = None, idle_timeout: float = 30.0) -> SpeechTextStream: ...
+                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = 30.0) -> SpeechTextStream: ...
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         """The stages' figures, keyed by stage name (`<replica>/<stage>` when several pipelines answer)."""

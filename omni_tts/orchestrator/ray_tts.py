@@ -1,4 +1,4 @@
-"""The engine of `omni-tts serve-ray`'s API process: the TTSEngine protocol (engine_protocol.py) over a Ray Serve
+"""The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (client_protocol.py) over a Ray Serve
 deployment of EngineReplica (ray_replica.py), so server.py serves every route as it does over a local engine.
 
 Routing: each request is one call on the DeploymentHandle, which Serve's default router sends to the less loaded of
@@ -26,7 +26,7 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .async_engine import load_prompts
+from .input_processor import load_prompts
 from .types import GenerationChunk, StageDeadError
 
 STATUS_POLL_SECONDS = 1.0
@@ -53,7 +53,7 @@ class TextRelay:
         return await queue.get() if queue is not None else ("closed", "")
 
 
-class RayEngine:
+class RayTTS:
     def __init__(self, app: serve.Application, app_name: str, deployment: str, model_dir: str,
                  pipeline: PipelineConfig) -> None:
         """app: the bound EngineReplica deployment, run as `app_name` by start()."""
@@ -121,21 +121,21 @@ class RayEngine:
             self.down_reason = "no replica is running" + (
                 f" ({', '.join(f'{n} {state.lower()}' for state, n in states.items())})" if states else "")
 
-    def generate(self, request: SynthesisRequest, request_id: str | None = None, output_dtype: str = "float32",
+    def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
-        options = dict(request_id=request_id, output_dtype=output_dtype, initial_chunk_frames=initial_chunk_frames,
-                       voice_key=voice_key, first_audio_timeout=first_audio_timeout, timeout=timeout)
+        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+                       first_audio_timeout=first_audio_timeout, timeout=timeout)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               output_dtype: str = "float32", initial_chunk_frames: int | None = None,
-                               voice_key: str | None = None, first_audio_timeout: float | None = None,
-                               timeout: float | None = None, idle_timeout: float = 30.0) -> "RayTextStream":
+                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = 30.0) -> "RayTextStream":
         session = request_id or uuid.uuid4().hex
-        options = dict(request_id=session, output_dtype=output_dtype, initial_chunk_frames=initial_chunk_frames,
-                       voice_key=voice_key, first_audio_timeout=first_audio_timeout, timeout=timeout,
+        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+                       first_audio_timeout=first_audio_timeout, timeout=timeout,
                        idle_timeout=idle_timeout)
         await self._relay.open.remote(session)
         stream = RayTextStream(self._relay, session, _chunks(
@@ -160,7 +160,7 @@ class RayEngine:
 
 
 class RayTextStream:
-    """engine_protocol.SpeechTextStream of a text_session call."""
+    """client_protocol.SpeechTextStream of a text_session call."""
 
     def __init__(self, relay: ray.actor.ActorHandle, session: str, chunks: AsyncIterator) -> None:
         self.relay, self.session, self.chunks = relay, session, chunks

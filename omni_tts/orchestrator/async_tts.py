@@ -1,0 +1,294 @@
+"""The front end: what a caller in the API process uses to synthesize speech.
+
+    async with AsyncTTS(model_dir, load_stage_config("cpu_tiny")) as engine:
+        async for chunk in engine.generate(SynthesisRequest(text="Hello.", voice="ryan")):
+            play(chunk.audio)            # float32 at 24 kHz; the last chunk carries `usage`
+
+Three parts, one module each: the input processor turns a request into the talker's AddRequest
+(input_processor.py), the stage client sends it and routes its audio back (stage_client.py), and the process
+supervisor keeps the stage processes running (supervisor.py). Cancelling the consumer aborts the request in both
+stages. While the pipeline restarts after a failure, new requests get `StageDeadError` (the server answers 503).
+A request whose text arrives in pieces is a `TextStream` (`open_text_stream`).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Callable
+
+from omni_tts.config import PipelineConfig
+from omni_tts.connectors.kinds import ConnectorSpec
+from omni_tts.engine.token_limit import token_limit
+from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
+from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD_TOKENS
+from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
+
+from .input_processor import InputProcessor
+from .stage_client import RequestState, StageClient
+from .types import GenerationChunk
+
+
+class AsyncTTS:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
+                 heartbeat_timeout: float = 5.0, step_timeout: float = 120.0, max_restarts: int = 5,
+                 restart_window: float = 600.0, max_buffered_seconds: float = 60.0, cpus: int | None = None) -> None:
+        """heartbeat_timeout: seconds without a heartbeat before a ready stage counts as hung (stopped, or its
+        process starved); step_timeout: seconds one loop iteration may take (a deadlocked step). Restarts beyond
+        max_restarts within restart_window make the engine give up. max_buffered_seconds: audio a consumer may
+        leave unread before its request fails. cpus: the cores the CPU stages' threads share (default: those this
+        process may run on)."""
+        self.model_dir, self.pipeline = model_dir, pipeline
+        self.processor = InputProcessor(model_dir, pipeline)
+        self.client = StageClient(model_dir, pipeline, self.config.talker.num_code_groups, max_buffered_seconds,
+                                  startup_timeout=startup_timeout, heartbeat_timeout=heartbeat_timeout,
+                                  step_timeout=step_timeout, max_restarts=max_restarts,
+                                  restart_window=restart_window, cpus=cpus)
+        self.supervisor = self.client.supervisor
+        self.threads, self.batch_sizes = self.supervisor.threads, self.supervisor.batch_sizes
+
+    # --- what callers read ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> Qwen3TTSConfig:
+        return self.processor.config
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        return self.processor.prompts
+
+    @property
+    def requests(self) -> Mapping[str, RequestState]:
+        """The requests in flight, by id."""
+        return self.client.requests
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.supervisor.is_healthy
+
+    @property
+    def down(self) -> str | None:
+        return self.supervisor.down
+
+    @property
+    def down_reason(self) -> str | None:
+        return self.supervisor.down_reason
+
+    @property
+    def fatal(self) -> str | None:
+        return self.supervisor.fatal
+
+    @property
+    def restarts(self) -> Mapping[str, int]:
+        return self.supervisor.restarts
+
+    @property
+    def on_fatal(self) -> Callable[[str], None] | None:
+        """Called once when the engine gives up restarting."""
+        return self.supervisor.on_fatal
+
+    @on_fatal.setter
+    def on_fatal(self, callback: Callable[[str], None] | None) -> None:
+        self.supervisor.on_fatal = callback
+
+    @property
+    def connector_spec(self) -> ConnectorSpec | None:
+        return self.supervisor.connector_spec
+
+    @property
+    def event_address(self) -> str | None:
+        return self.supervisor.event_address
+
+    def stage_pids(self) -> dict[str, int]:
+        return self.supervisor.stage_pids()
+
+    async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
+        return await self.client.stats(timeout)
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> "AsyncTTS":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def start(self) -> None:
+        """Start the pipeline; raises (and cleans up) if a stage cannot start."""
+        try:
+            await self.client.start()
+        except BaseException:
+            self.processor.close()
+            raise
+
+    async def shutdown(self) -> None:
+        """Stop the stages (gracefully, then by force), fail what is in flight, close the executors."""
+        await self.client.shutdown()
+        self.processor.close()
+
+    # --- requests -------------------------------------------------------------------------------------------
+    async def generate(self, request: SynthesisRequest, request_id: str | None = None,
+                       initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                       first_audio_timeout: float | None = None,
+                       timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
+        """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
+        RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
+        call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
+        initial_chunk_frames overrides the connector's first-chunk size for this request. voice_key names the
+        immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
+        features under it, so the same key must never stand for other audio."""
+        started = asyncio.get_running_loop().time()
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_key, text_open=False)
+        state = self.client.add(add.request_id, len(add.prompt.text_ids))
+        chunks = self.client.outputs(state)
+        try:
+            await self.client.submit(state, add)
+            if first_audio_timeout is not None:
+                self.client.set_deadline(state, "first_audio", started + first_audio_timeout,
+                                         f"no audio within {first_audio_timeout:g} s")
+            if timeout is not None:
+                self.client.set_deadline(state, "end", started + timeout,
+                                         f"the speech did not finish within {timeout:g} s")
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
+            await self.client.release(state)
+
+    async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = 30.0) -> "TextStream":
+        """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
+        `finish` it, and iterate the stream for the audio, as from `generate`, which it equals for the whole text
+        in the streaming layout (non_streaming_mode None or False). The arguments are `generate`'s;
+        first_audio_timeout counts from `finish`, and the request fails with RequestTimedOut when no text arrives
+        for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
+        started = asyncio.get_running_loop().time()
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_key, text_open=True)
+        state = self.client.add(add.request_id, 0)
+        if timeout is not None:
+            self.client.set_deadline(state, "end", started + timeout,
+                                     f"the speech did not finish within {timeout:g} s")
+        stream = TextStream(self.client, self.processor, state, add, first_audio_timeout, idle_timeout)
+        stream.wait_for_text()
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Free the request in every stage (each drops it within one step)."""
+        await self.client.abort(request_id)
+
+    async def _prepare(self, request: SynthesisRequest, request_id: str | None, initial_chunk_frames: int | None,
+                       voice_key: str | None, text_open: bool) -> AddRequest:
+        self.supervisor.check_alive()
+        rid = request_id or uuid.uuid4().hex
+        self._check_new(rid)
+        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_key)
+        self.supervisor.check_alive()
+        self._check_new(rid)
+        return add
+
+    def _check_new(self, request_id: str) -> None:
+        if request_id in self.client.requests:
+            raise RequestError("request_id", f"request id {request_id!r} is already in flight")
+
+
+class TextStream:
+    """One request whose text arrives in pieces: `append`, then `finish`; iterate for its audio. Not for concurrent
+    appends. `aclose` (or leaving `async with`) aborts it unless it ended.
+
+        stream = await engine.open_text_stream(SynthesisRequest(text="", voice="ryan"))
+        await stream.append("Hello, wor")          # e.g. an LLM's tokens as they arrive
+        await stream.append("ld!")
+        await stream.finish()
+        async for chunk in stream: ...              # concurrently with the appends
+
+    The text is tokenized incrementally (ids as soon as no later text can change them, equal to the whole text's).
+    The request enters the stages with its first text ids (AddRequest, text open); stage 0 starts it when its
+    prefill's text is there, and each later piece goes as AppendText, the last with `done` and the token limit of
+    the whole text.
+    """
+
+    def __init__(self, client: StageClient, processor: InputProcessor, state: RequestState, add: AddRequest,
+                 first_audio_timeout: float | None, idle_timeout: float) -> None:
+        self.client, self.processor, self.state, self.add = client, processor, state, add
+        self.first_audio_timeout, self.idle_timeout = first_audio_timeout, idle_timeout
+        self.tokenizer = IncrementalTokenizer(processor.prompts.tokenizer)
+        self.ids: list[int] = []       # role ids, then text ids, as they became final
+        self.in_stages = False         # its AddRequest went out
+        self.text_done = False
+        self.chunks = client.outputs(state)
+
+    @property
+    def request_id(self) -> str:
+        return self.state.request_id
+
+    async def append(self, text: str) -> None:
+        """Add a piece of the text. RequestError when the text outgrows the talker's limits (the request fails
+        with it)."""
+        if self.text_done:
+            raise RuntimeError("the text has been finished")
+        self.wait_for_text()
+        await self._send(await self.processor.tokenize(self.tokenizer.feed, text), done=False)
+
+    async def finish(self) -> None:
+        """End the text: what was held back goes out, with tts_eos and the whole text's token limit."""
+        if self.text_done:
+            return
+        self.text_done = True
+        ids = await self.processor.tokenize(self.tokenizer.finish)
+        self.client.clear_deadline(self.state, "idle")
+        if self.tokenizer.is_blank:
+            raise self._fail(RequestError("input", EMPTY_INPUT))
+        await self._send(ids, done=True)
+        if self.first_audio_timeout is not None and self.state.num_samples == 0:
+            self.client.set_deadline(self.state, "first_audio", _now() + self.first_audio_timeout,
+                                     f"no audio within {self.first_audio_timeout:g} s of the text's end")
+
+    def wait_for_text(self) -> None:
+        """(Re)start the idle deadline: the request fails if no text comes within idle_timeout."""
+        self.client.set_deadline(self.state, "idle", _now() + self.idle_timeout,
+                                 f"no text for {self.idle_timeout:g} s")
+
+    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+        return self.chunks
+
+    async def aclose(self) -> None:
+        await self.chunks.aclose()
+        await self.client.release(self.state)
+
+    async def __aenter__(self) -> "TextStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _fail(self, error: RequestError) -> RequestError:
+        self.client.fail(self.state, error)
+        return error
+
+    async def _send(self, ids: list[int], done: bool) -> None:
+        if not self.client.is_live(self.state):
+            return  # it ended (its end token came before the text's end) or failed: the audio tells which
+        prompt = self.add.prompt
+        new_text = ids[max(0, TEMPLATE_HEAD_TOKENS - len(self.ids)):]
+        self.ids += ids
+        prompt.role_ids, prompt.text_ids = self.ids[:TEMPLATE_HEAD_TOKENS], self.ids[TEMPLATE_HEAD_TOKENS:]
+        try:
+            self.processor.prompts.check_fits(prompt)
+        except RequestError as e:
+            raise self._fail(e) from None
+        self.state.input_tokens = len(prompt.text_ids)
+        limit = token_limit(self.add.sampling.max_new_tokens, len(prompt.text_ids))
+        if self.in_stages:
+            if new_text or done:
+                await self.client.send(self.state, "talker", AppendText(self.request_id, new_text, limit, done))
+        elif prompt.text_ids:  # the role ids are known with the first text token
+            self.in_stages = True
+            self.add.max_tokens, self.add.text_open = limit, not done
+            await self.client.submit(self.state, self.add)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,226 @@
+"""The stage client: commands to the stage processes (msgspec msgpack over the supervisor's sockets), their events
+decoded and routed to each request's stream, and each request's state and deadlines.
+
+A request's path: Register in stage 1, then AddRequest to stage 0 (`submit`) → AudioChunk events queued for its
+consumer (`outputs`) → the final usage once stage 0 reported the frame count and stage 1 the last audio. A consumer
+slower than its audio by more than `max_buffered_seconds` is failed (RequestFailed), so no request can make the
+server buffer a whole utterance. A request that fails is aborted in both stages; a pipeline failure fails them all.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from omni_tts.config import PipelineConfig
+from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
+from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register,
+                                      StageCommand, StageEvent, StageFailed, StageStats, TalkerDone)
+
+from .supervisor import StageSupervisor
+from .types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError, Usage
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    queue: asyncio.Queue       # GenerationChunks, then the usage chunk or the error that ends the request
+    input_tokens: int
+    epoch: int                 # the pipeline it runs in (StageSupervisor.epoch)
+    num_samples: int = 0
+    buffered_samples: int = 0  # queued, not yet taken by the consumer
+    talker_done: TalkerDone | None = None
+    audio_done: bool = False
+    deadlines: dict[str, asyncio.TimerHandle] = field(default_factory=dict)   # by name; each fails the request
+    released: bool = False
+
+
+class StageClient:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int, max_buffered_seconds: float = 60.0,
+                 **supervisor_options: object) -> None:
+        """supervisor_options: StageSupervisor's (timeouts, restart limits, cpus)."""
+        self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
+        self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
+                                          **supervisor_options)
+        self.requests: dict[str, RequestState] = {}
+        self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
+        self._stats: dict[str, asyncio.Future] = {}
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(StageEvent)
+
+    async def start(self) -> None:
+        await self.supervisor.start()
+
+    async def shutdown(self) -> None:
+        await self.supervisor.shutdown()
+        self.fail_all(StageDeadError("the engine is shutting down"))
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def add(self, request_id: str, input_tokens: int) -> RequestState:
+        state = self.requests[request_id] = RequestState(request_id, asyncio.Queue(), input_tokens,
+                                                         self.supervisor.epoch)
+        return state
+
+    def is_live(self, state: RequestState) -> bool:
+        """Neither ended nor failed."""
+        return self.requests.get(state.request_id) is state
+
+    async def submit(self, state: RequestState, add: AddRequest) -> None:
+        """Register the request in stage 1, then add it to stage 0."""
+        await self.send(state, "code2wav", Register(state.request_id))
+        await self.send(state, "talker", add)
+        if not self.is_live(state):  # failed while being sent: its Abort may have gone first
+            await self.abort(state.request_id)
+
+    async def send(self, state: RequestState, stage: str, command: StageCommand) -> None:
+        await self.supervisor.send(stage, self._encoder.encode(command), state.epoch)
+
+    async def abort(self, request_id: str) -> None:
+        """Free the request in every stage (each drops it within one step)."""
+        message = self._encoder.encode(Abort(request_id))
+        epoch = self.supervisor.epoch
+        for stage in self.supervisor.stages:
+            try:
+                await self.supervisor.send(stage, message, epoch)
+            except StageDeadError:
+                pass
+
+    async def outputs(self, state: RequestState) -> AsyncIterator[GenerationChunk]:
+        """The request's chunks until its usage; the failure that ends it is raised (it left the stages)."""
+        finished = False
+        try:
+            while True:
+                item = await state.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # its failure removed it from the stages (or the pipeline)
+                    raise item
+                state.buffered_samples -= item.audio.shape[0]
+                yield item
+                if item.usage is not None:
+                    finished = True
+                    return
+        finally:
+            await self.release(state, abort=not finished)
+
+    async def release(self, state: RequestState, abort: bool = True) -> None:
+        """The request leaves (once): its deadlines are off and, unless it ended, both stages drop it."""
+        if state.released:
+            return
+        state.released = True
+        if self.is_live(state):
+            del self.requests[state.request_id]
+        self._cancel_deadlines(state)
+        if abort and state.epoch == self.supervisor.epoch and self.supervisor.down is None \
+                and not self.supervisor.closed:
+            await self.abort(state.request_id)
+
+    def set_deadline(self, state: RequestState, name: str, at: float, message: str) -> None:
+        """At loop time `at` the request fails with RequestTimedOut(message) (a deadline of that name is
+        replaced)."""
+        if state.released:
+            return
+        self.clear_deadline(state, name)
+
+        def expire() -> None:
+            self.fail(state, RequestTimedOut(message, before_first_audio=state.num_samples == 0))
+        state.deadlines[name] = asyncio.get_running_loop().call_at(at, expire)
+
+    def clear_deadline(self, state: RequestState, name: str) -> None:
+        deadline = state.deadlines.pop(name, None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def fail(self, state: RequestState, error: BaseException) -> None:
+        """One request fails: its consumer gets `error` next, both stages drop it."""
+        if not self.is_live(state):
+            return  # it ended meanwhile
+        del self.requests[state.request_id]
+        self._cancel_deadlines(state)
+        state.queue.put_nowait(error)
+        task = asyncio.create_task(self.abort(state.request_id))  # the loop keeps only a weak reference
+        self.pending_aborts.add(task)
+        task.add_done_callback(self.pending_aborts.discard)
+
+    def fail_all(self, error: BaseException) -> None:
+        for state in self.requests.values():
+            self._cancel_deadlines(state)
+            state.queue.put_nowait(error)
+        self.requests.clear()
+
+    async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
+        """Ask both stages for their live request ids, step counts and CPU time."""
+        self.supervisor.check_alive()
+        loop, epoch = asyncio.get_running_loop(), self.supervisor.epoch
+        for stage in self.supervisor.stages:
+            self._stats[stage] = loop.create_future()
+            await self.supervisor.send(stage, self._encoder.encode(GetStats()), epoch)
+        names = list(self._stats)
+        results = await asyncio.wait_for(asyncio.gather(*self._stats.values()), timeout)
+        return dict(zip(names, results))
+
+    @staticmethod
+    def _cancel_deadlines(state: RequestState) -> None:
+        for deadline in state.deadlines.values():
+            deadline.cancel()
+
+    # --- events from the stages -----------------------------------------------------------------------------
+    def _on_event(self, frame: bytes) -> None:
+        event = self._decoder.decode(frame)
+        if isinstance(event, AudioChunk):
+            self._on_audio(event)
+        elif isinstance(event, TalkerDone):
+            self._on_talker_done(event)
+        elif isinstance(event, Heartbeat):
+            self.supervisor.on_heartbeat(event.stage, event.busy_seconds)
+        elif isinstance(event, StageStats):
+            waiter = self._stats.get(event.stage)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
+        elif isinstance(event, Ready):
+            self.supervisor.on_ready(event.stage, event.pid)
+        elif isinstance(event, StageFailed):
+            self.supervisor.on_stage_failed(event.stage, event.message, event.error)
+
+    def _on_audio(self, event: AudioChunk) -> None:
+        state = self.requests.get(event.request_id)
+        if state is None:
+            return  # aborted meanwhile
+        if event.error is not None:
+            self.fail(state, RequestFailed(event.error))
+            return
+        audio = np.frombuffer(event.pcm, dtype=np.float32)
+        state.num_samples += audio.shape[0]
+        if audio.shape[0] or event.finished:
+            self.clear_deadline(state, "first_audio")
+        if audio.shape[0]:
+            state.buffered_samples += audio.shape[0]
+            if state.buffered_samples > self.max_buffered_samples:  # the consumer stalls: free its memory now
+                self.fail(state, RequestFailed(
+                    f"the client read the audio too slowly (over {self.max_buffered_samples / SAMPLE_RATE:.0f} s "
+                    "of audio waiting)"))
+                return
+            state.queue.put_nowait(GenerationChunk(audio))
+        state.audio_done = event.finished
+        self._maybe_finish(state)
+
+    def _on_talker_done(self, event: TalkerDone) -> None:
+        state = self.requests.get(event.request_id)
+        if state is None:
+            return
+        if event.error is not None:
+            self.fail(state, RequestFailed(event.error))
+            return
+        state.talker_done = event
+        self._maybe_finish(state)
+
+    def _maybe_finish(self, state: RequestState) -> None:
+        done = state.talker_done
+        if done is None or not state.audio_done:
+            return
+        usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows, output_frames=done.num_frames,
+                      audio_seconds=state.num_samples / SAMPLE_RATE, finish_reason=done.finish_reason)
+        self._cancel_deadlines(state)
+        state.queue.put_nowait(GenerationChunk(np.zeros(0, np.float32), usage))

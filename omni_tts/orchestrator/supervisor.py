@@ -1,0 +1,376 @@
+"""The process supervisor: starts the pipeline (connector, control sockets, both stage processes), watches it, and
+restarts it when a stage fails.
+
+A stage that exits, reports a failure, stops sending heartbeats or stays inside one loop iteration too long (hung),
+and an exception in the event task, each take one path (`_pipeline_failed`): `on_failure` fails every in-flight
+request at once, both stage processes are killed, and the pipeline is started again after a backoff. More than
+`max_restarts` restarts within `restart_window` seconds and the supervisor gives up (`fatal`), so a process
+supervisor outside can take over. Nothing here knows about requests: the stage client (stage_client.py) decodes the
+events and reports the stages' Ready, Heartbeat and StageFailed back here.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import msgspec
+import torch
+import zmq
+import zmq.asyncio
+
+from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
+from omni_tts.connectors import cleanup_stale_segments
+from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
+from omni_tts.stages import code2wav_stage, talker_stage
+from omni_tts.stages.common import HEARTBEAT_INTERVAL
+from omni_tts.stages.protocol import Shutdown, StageLaunch
+
+from .types import StageDeadError
+
+logger = logging.getLogger(__name__)
+
+# how long an exited stage's StageFailed may take to arrive: the stage sends it before exiting, but the exit can be
+# seen first (process sentinel vs. the event socket)
+FAILURE_REPORT_GRACE = 0.5
+
+
+@dataclass
+class StageProcess:
+    name: str
+    process: multiprocessing.Process
+    command: zmq.asyncio.Socket
+    pid: int | None = None
+    ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    heartbeat_at: float = field(default_factory=time.monotonic)
+    busy_seconds: float = 0.0
+    reported: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())  # StageFailed
+    exit_wait: asyncio.Task | None = None   # after the process exited: waits for its report
+
+
+class StageSupervisor:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
+                 on_event: Callable[[bytes], None], on_failure: Callable[[StageDeadError], None],
+                 startup_timeout: float = 300.0, heartbeat_timeout: float = 5.0, step_timeout: float = 120.0,
+                 max_restarts: int = 5, restart_window: float = 600.0, cpus: int | None = None) -> None:
+        """on_event: each frame the stages send (run in the event task: an exception there fails the pipeline);
+        on_failure: the pipeline failed, every request in it fails with this error. heartbeat_timeout: seconds
+        without a heartbeat before a ready stage counts as hung (stopped, or its process starved); step_timeout:
+        seconds one loop iteration may take (a deadlocked step). cpus: the cores the CPU stages' threads share
+        (default: those this process may run on)."""
+        self.model_dir, self.pipeline, self.num_code_groups = model_dir, pipeline, num_code_groups
+        self.on_event, self.on_failure = on_event, on_failure
+        self.startup_timeout = startup_timeout
+        self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
+        self.max_restarts, self.restart_window = max_restarts, restart_window
+        check_devices(pipeline)
+        self.threads = stage_threads(pipeline, cpus)
+        talker, code2wav = pipeline.stages.talker, pipeline.stages.code2wav
+        # requests each stage runs together: the talker is also bounded by its KV cache rows
+        self.batch_sizes = {"talker": min(talker.max_batch_size, talker.num_cache_rows),
+                            "code2wav": code2wav.max_batch_size}
+        self.stages: dict[str, StageProcess] = {}
+        self.epoch = 0                      # counts pipeline starts: a request belongs to the one it entered
+        self.down: str | None = None        # the stage (or "orchestrator") whose failure is being recovered from
+        self.down_reason: str | None = None
+        self.fatal: str | None = None       # why the supervisor gave up restarting
+        self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
+        self.on_fatal: Callable[[str], None] | None = None   # called once on giving up
+        self.closed = False
+        self._failed = False                # this pipeline has failed (start() or _recover handles a starting one)
+        self._restart_times: collections.deque[float] = collections.deque()
+        self._connector: ConnectorOwner | None = None
+        self._ipc_dir: str | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._events: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []    # this pipeline's event and watchdog tasks
+        self._recovery: asyncio.Task | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+
+    # --- what the pipeline is now ---------------------------------------------------------------------------
+    @property
+    def connector_spec(self) -> ConnectorSpec | None:
+        """The running pipeline's chunk connector (what the stages attach to)."""
+        return self._connector.spec if self._connector is not None else None
+
+    @property
+    def event_address(self) -> str | None:
+        """The running pipeline's event socket, where the stages send their events."""
+        return f"ipc://{self._ipc_dir}/events" if self._ipc_dir is not None else None
+
+    @property
+    def is_healthy(self) -> bool:
+        return (not self.closed and self.down is None and bool(self.stages)
+                and all(s.process.is_alive() for s in self.stages.values()))
+
+    def stage_pids(self) -> dict[str, int]:
+        return {name: stage.process.pid for name, stage in self.stages.items()}
+
+    def check_alive(self) -> None:
+        """StageDeadError unless the pipeline serves now."""
+        if self.closed:
+            raise StageDeadError("the engine is shut down")
+        if self.fatal is not None:
+            raise StageDeadError(f"the pipeline failed for good: {self.fatal}")
+        if self.down is not None:
+            raise StageDeadError(f"stage {self.down} failed and is restarting")
+
+    async def send(self, stage: str, frame: bytes, epoch: int) -> None:
+        """Send a command to a stage of pipeline `epoch`; StageDeadError once that pipeline is gone."""
+        if epoch != self.epoch:
+            raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting")
+        try:
+            await self.stages[stage].command.send(frame)
+        except zmq.ZMQError:  # the pipeline was torn down meanwhile
+            raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting") from None
+
+    # --- what the stages report (decoded by the stage client) -------------------------------------------------
+    def on_ready(self, name: str, pid: int) -> None:
+        stage = self.stages[name]
+        stage.pid, stage.heartbeat_at = pid, time.monotonic()
+        if not stage.ready.done():
+            stage.ready.set_result(None)
+
+    def on_heartbeat(self, name: str, busy_seconds: float) -> None:
+        stage = self.stages[name]
+        stage.heartbeat_at, stage.busy_seconds = time.monotonic(), busy_seconds
+
+    def on_stage_failed(self, name: str, message: str, traceback: str) -> None:
+        stage = self.stages[name]
+        serving = stage.ready.done() and stage.ready.exception() is None
+        # at start-up the message reaches the caller (start() raises it); the traceback is for debugging
+        logger.log(logging.ERROR if serving else logging.DEBUG, "stage %s failed:\n%s", name, traceback)
+        if not stage.reported.done():
+            stage.reported.set_result(None)
+        self._pipeline_failed(name, message)
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the pipeline; raises (and cleans up) if a stage cannot start."""
+        cleanup_stale_segments()
+        self._ctx = zmq.asyncio.Context()
+        try:
+            await self._start_pipeline()
+        except BaseException:
+            await self.shutdown()
+            raise
+
+    async def shutdown(self) -> None:
+        """Stop the stages (gracefully, then by force), drop the connector and close the sockets."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._recovery is not None:
+            self._recovery.cancel()
+        await self._stop_pipeline(graceful=True)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+
+    async def _start_pipeline(self) -> None:
+        """Ring, control sockets and both stage processes; returns when both are ready."""
+        conn, stages = self.pipeline.connector, self.pipeline.stages
+        self._failed = False
+        self.epoch += 1
+        self._connector = create_owner(conn, self.num_code_groups)
+        self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_ctl_")
+        self._events = self._ctx.socket(zmq.PULL)
+        self._events.setsockopt(zmq.LINGER, 0)
+        self._events.bind(self.event_address)
+        self._tasks = [asyncio.create_task(self._event_loop(self._events)), asyncio.create_task(self._watchdog())]
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
+        spawn = multiprocessing.get_context("spawn")
+        loop = asyncio.get_running_loop()
+        self.stages = {}
+        for name, entry, cfg in (("talker", talker_stage.main, stages.talker),
+                                 ("code2wav", code2wav_stage.main, stages.code2wav)):
+            address = f"ipc://{self._ipc_dir}/{name}"
+            launch = StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
+                                 max_batch_size=self.batch_sizes[name],
+                                 command_address=address, event_address=self.event_address,
+                                 connector=self._connector.spec,
+                                 initial_chunk_frames=conn.initial_codec_chunk_frames,
+                                 chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
+                                 log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
+                                 **({"max_model_len": cfg.max_model_len,
+                                     "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
+                                     "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
+                                    if name == "talker"
+                                    else {"frame_budget": cfg.max_frames_per_step,
+                                          "lanes": code2wav_lanes(self.pipeline, self.threads)}))
+            process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
+                                    daemon=True)
+            with stage_environment(name):
+                process.start()
+            command = self._ctx.socket(zmq.PUSH)
+            command.setsockopt(zmq.LINGER, 0)
+            command.connect(address)
+            stage = self.stages[name] = StageProcess(name, process, command)
+            loop.add_reader(process.sentinel, self._on_stage_exit, stage)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
+        except TimeoutError:
+            raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s") from None
+
+    async def _stop_pipeline(self, graceful: bool) -> None:
+        """Stop the stages (gracefully, else kill them at once), then drop the connector, sockets and tasks."""
+        loop = asyncio.get_running_loop()
+        for stage in self.stages.values():
+            loop.remove_reader(stage.process.sentinel)
+            if stage.exit_wait is not None:
+                stage.exit_wait.cancel()
+            if graceful and stage.process.is_alive():
+                try:
+                    await stage.command.send(self._encoder.encode(Shutdown()))
+                except zmq.ZMQError:
+                    pass
+        for stage in self.stages.values():
+            if not graceful and stage.process.is_alive():
+                stage.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+            await loop.run_in_executor(None, _stop_process, stage.process)
+            stage.command.close(linger=0)
+        for task in self._tasks:
+            task.remove_done_callback(self._on_task_done)
+            task.cancel()
+        self._tasks = []
+        if self._events is not None:
+            self._events.close(linger=0)
+            self._events = None
+        if self._connector is not None:
+            self._connector.close()
+            self._connector = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
+
+    # --- watching -------------------------------------------------------------------------------------------
+    async def _event_loop(self, events: zmq.asyncio.Socket) -> None:
+        # an exception here ends the task; _on_task_done turns that into a pipeline failure
+        while True:
+            self.on_event(await events.recv())
+
+    async def _watchdog(self) -> None:
+        """A ready stage that sends no heartbeat (stopped, or starved of CPU) or stays in one loop iteration too
+        long (deadlocked) is hung."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            now = time.monotonic()
+            for stage in self.stages.values():
+                if not stage.ready.done():
+                    continue  # loading: start() waits for Ready with its own timeout
+                if now - stage.heartbeat_at > self.heartbeat_timeout:
+                    self._pipeline_failed(stage.name, f"hung: no heartbeat for {now - stage.heartbeat_at:.1f} s")
+                    return
+                if stage.busy_seconds > self.step_timeout:
+                    self._pipeline_failed(stage.name, f"hung: one step has run for {stage.busy_seconds:.0f} s")
+                    return
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        logger.error("orchestrator task %s ended", task.get_coro().__qualname__,
+                     exc_info=(type(error), error, error.__traceback__) if error else None)
+        self._pipeline_failed("orchestrator", f"{type(error).__name__}: {error}" if error else "task ended")
+
+    def _on_stage_exit(self, stage: StageProcess) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(stage.process.sentinel)
+        if (stage.process.exitcode or 0) < 0:  # killed by a signal: it reported nothing
+            self._pipeline_failed(stage.name, exit_description(stage.process))
+        else:
+            stage.exit_wait = loop.create_task(self._await_failure_report(stage))
+
+    async def _await_failure_report(self, stage: StageProcess) -> None:
+        """A stage that raised sent StageFailed before exiting: its own error text is the reason, not the exit."""
+        try:
+            await asyncio.wait_for(asyncio.shield(stage.reported), FAILURE_REPORT_GRACE)
+        except TimeoutError:
+            self._pipeline_failed(stage.name, exit_description(stage.process))
+
+    # --- failure and recovery -------------------------------------------------------------------------------
+    def _pipeline_failed(self, name: str, why: str) -> None:
+        """The one place a failure lands: fail every in-flight request, then restart the pipeline. A pipeline that
+        is still starting fails its start instead (start() raises, _recover retries)."""
+        if self.closed or self._failed:
+            return  # already failed (the other stage's exit, a late event) or shutting down
+        self._failed = True
+        error = StageDeadError(f"stage {name} failed: {why}")
+        starting = [stage for stage in self.stages.values() if not stage.ready.done()]
+        for stage in starting:
+            stage.ready.set_exception(error)
+            stage.ready.exception()  # retrieved: the other stage's future may have no waiter left
+        if starting:
+            return
+        self.down, self.down_reason = name, why
+        logger.error("stage %s failed: %s; restarting the pipeline", name, why)
+        self.on_failure(error)
+        self._recovery = asyncio.create_task(self._recover(name))
+
+    async def _recover(self, name: str) -> None:
+        delay = 0.0
+        while not self.closed:
+            await self._stop_pipeline(graceful=False)
+            now = time.monotonic()
+            while self._restart_times and now - self._restart_times[0] > self.restart_window:
+                self._restart_times.popleft()
+            if len(self._restart_times) >= self.max_restarts:
+                self.fatal = (f"{len(self._restart_times)} restarts within {self.restart_window:.0f} s; last: "
+                              f"stage {self.down} {self.down_reason}")
+                logger.critical("giving up: %s", self.fatal)
+                if self.on_fatal is not None:
+                    self.on_fatal(self.fatal)
+                return
+            await asyncio.sleep(delay)
+            self._restart_times.append(time.monotonic())
+            self.restarts[name] += 1
+            try:
+                await self._start_pipeline()
+            except Exception as e:  # noqa: BLE001 — any start failure is retried, then given up on
+                logger.error("pipeline restart failed: %s: %s", type(e).__name__, e)
+                delay = min(max(2 * delay, 1.0), 30.0)
+                continue
+            self.down = self.down_reason = None
+            logger.warning("pipeline restarted after stage %s failed (restart %d)", name, sum(self.restarts.values()))
+            return
+
+
+def check_devices(pipeline: PipelineConfig) -> None:
+    """ValueError naming every stage whose device this machine lacks (before any process is spawned for it)."""
+    num_cuda = torch.cuda.device_count()
+    missing: dict[str, list[str]] = {}
+    for name, cfg in pipeline.stages.by_name().items():
+        if cfg.device.startswith("cuda") and int(cfg.device.partition(":")[2] or 0) >= num_cuda:
+            missing.setdefault(cfg.device, []).append(name)
+    if missing:
+        found = f"{num_cuda} CUDA device{'s' if num_cuda > 1 else ''}" if num_cuda else "no CUDA device"
+        raise ValueError("; ".join(f"device {device} of stage {', '.join(names)} does not exist"
+                                   for device, names in missing.items()) + f" (torch sees {found})")
+
+
+def exit_description(process: multiprocessing.Process) -> str:
+    """How a stage process ended, for a failure reason: `exited with status N`, `killed by signal SIGKILL`."""
+    code = process.exitcode
+    if code is None:  # its sentinel can close a moment before the exit status is there to collect
+        return f"process {process.pid} exited"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+def _stop_process(process: multiprocessing.Process) -> None:
+    process.join(5)
+    if process.is_alive():
+        process.terminate()
+        process.join(3)
+    if process.is_alive():
+        process.kill()
+        process.join()
