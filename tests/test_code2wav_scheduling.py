@@ -224,7 +224,7 @@ def test_engine_audio_equals_one_pass_decode(decoder, frame_budget, lanes):
                     finished.add(out.request_id)
         t += 1
         assert t < 1000
-    assert finished == set(audio) and not engine.states and not engine.has_work()
+    assert finished == set(audio) and not engine.requests and not engine.has_work()
     for i, c in codes.items():
         assert sent_frames[f"r{i}"] == schedules[i]  # split chunks leave whole: the talker's chunking, unchanged
         full = decoder(torch.from_numpy(c.T[None].astype(np.int64)))[0].numpy()

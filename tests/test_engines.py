@@ -73,7 +73,7 @@ def test_engines_equal_offline(variant, initial):
         assert reason == expected.finish_reason
         assert audio.shape == expected.audio.shape
         np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-    assert talker.stats().num_running == 0 and not code2wav.states
+    assert talker.stats().num_running == 0 and not code2wav.requests
 
 
 def test_small_batch_limit_queues_and_aborts_free_rows():
@@ -91,7 +91,7 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
             continue
         np.testing.assert_array_equal(codes, expected.codes)
         np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-    assert talker.stats().num_running == 0 and not code2wav.states
+    assert talker.stats().num_running == 0 and not code2wav.requests
 
 
 @pytest.mark.parametrize("initial,size,frames,expected", [

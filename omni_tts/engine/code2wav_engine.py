@@ -1,7 +1,7 @@
 """Stage 1: codec frames → audio with the exact stateful streaming decoder, batched across requests.
 
-Each registered request owns a `Code2WavRequest` (its `DecoderStreamState`). A step is schedule → decode → postprocess: the scheduler
-(`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
+Each registered request owns a `DecodingRequest` (its `DecoderStreamState`). A step is schedule → decode →
+postprocess: the scheduler (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
 equal length share one batched decoder call (rows at different stream offsets), and each piece returns only its
 new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces prime the
 state and emit nothing. A request's state is freed at its last chunk or on abort. With several lanes, each lane's
@@ -24,7 +24,7 @@ from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 
-__all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "Code2WavRequest", "measure_frame_budget"]
+__all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "DecodingRequest", "measure_frame_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ CALIBRATION_REPEATS = 2  # best of: interference from other processes only ever 
 
 
 @dataclass
-class Code2WavRequest:
+class DecodingRequest:
     """One request's decoder state, and the audio of a chunk split across steps (it leaves whole, as cut)."""
     stream: DecoderStreamState
     partial_audio: list[np.ndarray] = field(default_factory=list)
@@ -64,13 +64,13 @@ class Code2WavEngine:
                                            decoder.samples_per_frame / SAMPLE_RATE, lanes)
         # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
         self.lane_pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="code2wav-lane") if lanes > 1 else None
-        self.requests: dict[str, Code2WavRequest] = {}
+        self.requests: dict[str, DecodingRequest] = {}
         self.num_steps = 0
 
     def add_request(self, request_id: str) -> None:
         """Pre-register (allocates the stream state) before the first chunk arrives."""
         if request_id not in self.requests:
-            self.requests[request_id] = Code2WavRequest(self.decoder.new_stream_state(1))
+            self.requests[request_id] = DecodingRequest(self.decoder.new_stream_state(1))
             self.scheduler.add_request(request_id, time.monotonic())
 
     def add_chunk(self, request_id: str, chunk: CodecChunk) -> bool:
