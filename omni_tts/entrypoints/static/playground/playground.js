@@ -1,6 +1,6 @@
 // The playground page: controls filled from the server's API, speech played as it streams, and the time to the
 // first audio (TTFP) and real-time factor (RTF) of each take. The figures are also data attributes of #stats, for
-// tests (tests/test_playground.py) and anyone scripting the page.
+// tests (tests/entrypoints/test_playground.py) and anyone scripting the page.
 
 import {ApiError, apiFetch, apiKey, getJson, setApiKey} from "./api.js";
 import {PcmPlayer, SAMPLE_RATE} from "./pcm_player.js";

@@ -19,7 +19,7 @@ from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "qwen3_tts"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 CASES = FIXTURES / "cases"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 

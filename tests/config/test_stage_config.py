@@ -217,7 +217,7 @@ def test_load_from_file_names_the_path(tmp_path: Path):
 def test_default_stage_config_path():
     assert default_stage_config_path("cpu_tiny") == str(STAGE_CONFIG_DIR / "cpu_tiny.yaml")
     assert Path(default_stage_config_path("cpu_tiny")).is_file()
-    assert STAGE_CONFIG_DIR == Path(__file__).resolve().parents[1] / "omni_tts" / "stage_configs"
+    assert STAGE_CONFIG_DIR == Path(__file__).resolve().parents[2] / "omni_tts" / "stage_configs"
     assert default_stage_config_path("some/dir/x.yaml") == "some/dir/x.yaml"  # explicit paths pass through
     assert default_stage_config_path("x.yml") == "x.yml"
     with pytest.raises(StageConfigError, match="^nope: no such stage config in .*; available: .*cpu_tiny"):

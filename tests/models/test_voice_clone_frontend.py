@@ -27,7 +27,7 @@ from omni_tts.models.qwen3_tts.weights import WeightsError, load_strict
 
 from conftest import load_component
 
-FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 TINY_BASE = FIXTURES / "tiny-base"
 
 

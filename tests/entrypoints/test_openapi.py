@@ -103,7 +103,7 @@ def test_docs_page_renders_the_document_from_this_server_only(server):
 
 
 def test_the_docs_page_and_the_playground_ship_in_the_wheel(tmp_path):
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     source = tmp_path / "source"  # a copy: setuptools leaves build/ behind, whose stale files a later build reuses
     shutil.copytree(root / "omni_tts", source / "omni_tts", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):

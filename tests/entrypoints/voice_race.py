@@ -1,4 +1,4 @@
-"""One replica of a voice store in a race (tests/test_shared_voices.py): `python voice_race.py ROOT GO SEED OPS`
+"""One replica of a voice store in a race (tests/entrypoints/test_shared_voices.py): `python voice_race.py ROOT GO SEED OPS`
 waits for the file GO, then runs OPS random uploads, deletes, loads and restarts on a few shared names, and prints
 what it saw as JSON. Its own process, so it imports no torch (and no conftest)."""
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omni_tts.entrypoints.voices import VoiceError, VoiceStore
 
-FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 CLIPS = [(FIXTURES / "ref_voice.wav").read_bytes(), (FIXTURES / "ref_voice_22k.wav").read_bytes()]
 NAMES = ["a", "B", "c"]
 
