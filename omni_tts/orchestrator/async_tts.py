@@ -28,7 +28,7 @@ from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
 from .stage_client import RequestState, StageClient
-from .types import GenerationChunk
+from .types import SpeechChunk
 
 
 class AsyncTTS:
@@ -131,7 +131,7 @@ class AsyncTTS:
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        initial_chunk_frames: int | None = None, voice_key: str | None = None,
                        first_audio_timeout: float | None = None,
-                       timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
+                       timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
@@ -251,7 +251,7 @@ class TextStream:
         self.client.set_deadline(self.state, "idle", _now() + self.idle_timeout,
                                  f"no text for {self.idle_timeout:g} s")
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]:
         return self.chunks
 
     async def aclose(self) -> None:

@@ -11,7 +11,7 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .types import GenerationChunk
+from .types import SpeechChunk
 
 
 class SpeechTextStream(Protocol):
@@ -22,7 +22,7 @@ class SpeechTextStream(Protocol):
 
     async def finish(self) -> None: ...
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]: ...
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]: ...
 
     async def aclose(self) -> None: ...
 
@@ -61,7 +61,7 @@ class TTSClient(Protocol):
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[GenerationChunk]: ...
+                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]: ...
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
                                initial_chunk_frames: int | None = None, voice_key: str | None = None,

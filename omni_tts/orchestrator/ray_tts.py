@@ -27,7 +27,7 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
 from .input_processor import load_prompts
-from .types import GenerationChunk, StageDeadError
+from .types import SpeechChunk, StageDeadError
 
 STATUS_POLL_SECONDS = 1.0
 
@@ -124,7 +124,7 @@ class RayTTS:
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_key: str | None = None,
                  first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
+                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
         options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
                        first_audio_timeout=first_audio_timeout, timeout=timeout)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
@@ -176,7 +176,7 @@ class RayTextStream:
             self.text_done = True
             await self.relay.push.remote(self.session, "finish")
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]:
         return self.chunks
 
     async def aclose(self) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from omni_tts.models.qwen3_tts.prompt import RequestError
 
-__all__ = ["GenerationChunk", "RequestError", "RequestFailed", "RequestTimedOut", "StageDeadError", "Usage"]
+__all__ = ["RequestError", "RequestFailed", "RequestTimedOut", "SpeechChunk", "StageDeadError", "Usage"]
 
 
 class StageDeadError(RuntimeError):
@@ -41,7 +41,8 @@ class Usage:
 
 
 @dataclass
-class GenerationChunk:
+class SpeechChunk:
+    """A piece of a request's audio as the front end yields it."""
     audio: np.ndarray        # float32 or int16 samples at 24 kHz
     usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
     replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk

@@ -68,7 +68,8 @@ class TalkerDone(msgspec.Struct, tag=True):
     error: str | None = None
 
 
-class AudioChunk(msgspec.Struct, tag=True):
+class AudioEvent(msgspec.Struct, tag=True):
+    """Stage 1 decoded some of a request's audio (the engine's `AudioOutput`, on the wire)."""
     request_id: str
     pcm: bytes                       # float32 samples at 24 kHz
     finished: bool
@@ -128,7 +129,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     busy_seconds: float
 
 
-StageEvent = Ready | TalkerDone | AudioChunk | StageStats | StageFailed | Heartbeat
+StageEvent = Ready | TalkerDone | AudioEvent | StageStats | StageFailed | Heartbeat
 
 
 class StageLaunch(msgspec.Struct):

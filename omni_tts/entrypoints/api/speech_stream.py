@@ -35,7 +35,7 @@ from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessa
 from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.types import GenerationChunk
+from omni_tts.orchestrator.types import SpeechChunk
 
 from .admission import Admission
 from .auth import WS_PROTOCOL
@@ -173,7 +173,7 @@ class SpeechSession:
         return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_key=self.voice_key,
                     first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
-    async def send_audio(self, chunks: AsyncIterator[GenerationChunk], sentence_index: int,
+    async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,
                          sentence_text: Callable[[], str], admission: Admission) -> None:
         """One request's audio.start, binary frames and audio.done."""
         config, started, total_bytes = self.config, time.monotonic(), 0
