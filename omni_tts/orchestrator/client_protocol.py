@@ -59,12 +59,12 @@ class TTSClient(Protocol):
     async def shutdown(self) -> None: ...
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[SpeechChunk]: ...
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> SpeechTextStream: ...
 

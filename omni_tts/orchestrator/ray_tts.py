@@ -122,19 +122,19 @@ class RayTTS:
                 f" ({', '.join(f'{n} {state.lower()}' for state, n in states.items())})" if states else "")
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None,
                  timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
-        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
                        first_audio_timeout=first_audio_timeout, timeout=timeout)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> "RayTextStream":
         session = request_id or uuid.uuid4().hex
-        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
                        first_audio_timeout=first_audio_timeout, timeout=timeout,
                        idle_timeout=idle_timeout)
         await self._relay.open.remote(session)
