@@ -18,17 +18,15 @@ from ray import serve
 from ray.actor import ActorHandle
 
 from omni_tts.config import PipelineConfig, set_torch_threads
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.protocol import StageStats
 
 from .async_tts import AsyncTTS, TextStream
-from .types import SpeechChunk, RequestFailed, StageDeadError
+from .types import ENGINE_ERRORS, EngineError, RequestError, SpeechChunk, StageDeadError
 
-# the errors server.py turns into a status and a message (RequestTimedOut is a RequestFailed)
-ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
-Item = SpeechChunk | RequestError | StageDeadError | RequestFailed | None
+Item = SpeechChunk | EngineError | None
 
 
 class EngineReplica:

@@ -9,7 +9,8 @@ import numpy as np
 
 from omni_tts.models.qwen3_tts.prompt import RequestError
 
-__all__ = ["RequestError", "RequestFailed", "RequestTimedOut", "SpeechChunk", "StageDeadError", "Usage"]
+__all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SpeechChunk",
+           "StageDeadError", "Usage"]
 
 
 class StageDeadError(RuntimeError):
@@ -29,6 +30,12 @@ class RequestTimedOut(RequestFailed):
 
     def __reduce__(self):  # pickled whole: serve-ray sends it from a replica to the API process
         return type(self), (str(self), self.before_first_audio)
+
+
+# the errors that end a request with a message for its client (RequestTimedOut is a RequestFailed); any other
+# exception out of the engine is a bug
+EngineError = RequestError | StageDeadError | RequestFailed
+ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
 
 
 @dataclass
