@@ -1,6 +1,6 @@
 """What the HTTP server needs of an engine: `AsyncTTS` in one process (`omni-tts serve`), or `RayTTS`
-(ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). server.py and
-speech_stream.py are written against this alone, so every route answers the same whichever engine is behind it.
+(ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). The HTTP layer
+(`entrypoints/api/`) is written against this alone, so every route answers the same whichever engine is behind it.
 """
 from __future__ import annotations
 

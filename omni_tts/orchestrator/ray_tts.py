@@ -1,5 +1,6 @@
 """The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (client_protocol.py) over a Ray Serve
-deployment of EngineReplica (ray_replica.py), so server.py serves every route as it does over a local engine.
+deployment of EngineReplica (ray_replica.py), so the HTTP layer (`entrypoints/api/`) serves every route as it does
+over a local engine.
 
 Routing: each request is one call on the DeploymentHandle, which Serve's default router sends to the less loaded of
 two random replicas (power of two choices on their ongoing requests; with two replicas, the one with fewer).
