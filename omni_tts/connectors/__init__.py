@@ -6,10 +6,10 @@ from omni_tts.connectors.base import (
     FLAG_IS_CONTEXT,
     FLAG_IS_LAST,
     MAX_REQUEST_ID_BYTES,
-    Chunk,
     ChunkReaderBase,
     ChunkWriterBase,
     ReaderStats,
+    SlotView,
     WriterStats,
 )
 from omni_tts.connectors.kinds import ConnectorSpec, chunk_reader, chunk_writer
@@ -17,7 +17,7 @@ from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingOwner, Ri
 from omni_tts.connectors.tcp import TcpChunkReader, TcpChunkWriter, TcpOwner, TcpSpec
 
 __all__ = [
-    "FLAG_IS_CONTEXT", "FLAG_IS_LAST", "MAX_REQUEST_ID_BYTES", "Chunk", "ChunkReader", "ChunkReaderBase",
-    "ChunkWriter", "ChunkWriterBase", "ConnectorSpec", "ReaderStats", "RingOwner", "RingSpec", "TcpChunkReader",
+    "FLAG_IS_CONTEXT", "FLAG_IS_LAST", "MAX_REQUEST_ID_BYTES", "ChunkReader", "ChunkReaderBase", "ChunkWriter",
+    "ChunkWriterBase", "ConnectorSpec", "ReaderStats", "RingOwner", "RingSpec", "SlotView", "TcpChunkReader",
     "TcpChunkWriter", "TcpOwner", "TcpSpec", "WriterStats", "chunk_reader", "chunk_writer", "cleanup_stale_segments",
 ]

@@ -1,4 +1,4 @@
-"""What every connector kind shares: the :class:`Chunk` a reader hands out, the stats, the slot bookkeeping of
+"""What every connector kind shares: the :class:`SlotView` a reader hands out, the stats, the slot bookkeeping of
 both ends and the zmq thread helpers.
 
 A connector moves chunks from one writer (talker) to one reader (code2wav) with at most ``num_slots`` chunks in
@@ -50,8 +50,8 @@ class SlotSpec(Protocol):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Chunk:
-    """One chunk as seen by the reader.
+class SlotView:
+    """A request's codec frames in one connector slot, as the reader holds them until ``release``.
 
     ``codes`` is a read-only zero-copy view [num_frames, num_codebooks] int32 into the slot (shm) or the received
     message (tcp). It is valid only until ``release(chunk)``: after that the writer may overwrite the slot, so copy
@@ -67,7 +67,7 @@ class Chunk:
     slot: int
 
     @classmethod
-    def from_wire(cls, raw_id: bytes, seq: int, put_ns: int, codes: np.ndarray, flags: int, slot: int) -> Chunk:
+    def from_wire(cls, raw_id: bytes, seq: int, put_ns: int, codes: np.ndarray, flags: int, slot: int) -> SlotView:
         """A chunk from the fields a writer sent; UnicodeDecodeError for an id that is not UTF-8."""
         return cls(request_id=raw_id.decode(), seq=seq, put_ns=put_ns, codes=codes, is_last=bool(flags & FLAG_IS_LAST),
                    is_context=bool(flags & FLAG_IS_CONTEXT), slot=slot)
@@ -217,7 +217,7 @@ class ChunkWriterBase:
 
 
 class ChunkReaderBase:
-    """Code2wav side of any kind. The kind's receiver thread turns what arrives into :class:`Chunk` objects
+    """Code2wav side of any kind. The kind's receiver thread turns what arrives into :class:`SlotView` objects
     (:meth:`_hand_over`); ``release`` gives the slot back through the kind (:meth:`_send_release_locked`).
 
     The consumer waits with ``get`` / ``get_all_nowait`` and must ``release`` every chunk
@@ -230,8 +230,8 @@ class ChunkReaderBase:
         self.spec = spec
         self._on_error = on_error
         self._cv = condition or threading.Condition()
-        self._queue: collections.deque[Chunk] = collections.deque()
-        self._held: dict[int, Chunk] = {}  # slot -> the chunk currently occupying it
+        self._queue: collections.deque[SlotView] = collections.deque()
+        self._held: dict[int, SlotView] = {}  # slot -> the chunk currently occupying it
         self._received = 0
         self._closed = False
         self._threads: list[threading.Thread] = []
@@ -239,20 +239,20 @@ class ChunkReaderBase:
     def start(self) -> None:
         raise NotImplementedError
 
-    def get(self, timeout: float | None = None) -> Chunk | None:
+    def get(self, timeout: float | None = None) -> SlotView | None:
         """The next chunk, waiting up to `timeout` seconds (None: forever); None on timeout or close."""
         with self._cv:
             self._cv.wait_for(lambda: self._queue or self._closed, timeout)
             return self._queue.popleft() if self._queue else None
 
-    def get_all_nowait(self) -> list[Chunk]:
+    def get_all_nowait(self) -> list[SlotView]:
         """Every chunk received so far, in arrival order (per request: seq order)."""
         with self._cv:
             chunks = list(self._queue)
             self._queue.clear()
             return chunks
 
-    def release(self, chunk: Chunk) -> None:
+    def release(self, chunk: SlotView) -> None:
         """Give the chunk's slot back to the writer; ``chunk.codes`` is invalid afterwards.
         Releasing a chunk twice raises ValueError (it would free a slot another chunk uses)."""
         with self._cv:
@@ -268,7 +268,7 @@ class ChunkReaderBase:
             return ReaderStats(chunks_received=self._received, queued=len(self._queue), slots_held=len(self._held))
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the receiver thread and let go of the transport; idempotent. Chunk views still held by the caller
+        """Stop the receiver thread and let go of the transport; idempotent. Views still held by the caller
         stay readable until they are dropped."""
         with self._cv:
             if self._closed:
@@ -294,7 +294,7 @@ class ChunkReaderBase:
         """close() after the bookkeeping: wake and join the threads, release sockets and transport."""
         raise NotImplementedError
 
-    def _hand_over(self, chunks: list[Chunk]) -> None:
+    def _hand_over(self, chunks: list[SlotView]) -> None:
         """Received chunks to the consumer, in order; each holds its slot until released."""
         with self._cv:
             for chunk in chunks:

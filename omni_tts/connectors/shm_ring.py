@@ -10,7 +10,7 @@ Who does what
 * The **writer** (talker process) runs :class:`ChunkWriter`: ``put`` only enqueues; a save
   thread copies each chunk into a free slot and sends the slot index over pyzmq.
 * The **reader** (code2wav process) runs :class:`ChunkReader`: a recv thread turns slot
-  notifications into :class:`Chunk` objects whose ``codes`` are zero-copy views into the
+  notifications into :class:`SlotView` objects whose ``codes`` are zero-copy views into the
   slot; ``release`` hands the slot back to the writer over a second pyzmq socket.
 
 Sockets: **each side binds the socket it receives on** (the reader binds
@@ -27,7 +27,7 @@ Slot layout (``RingSpec.slot_bytes`` each, 64-byte aligned)::
 
 A slot is owned by the writer while free, and by the reader from the notification until
 ``release``; the pyzmq message is the hand-over, so no lock lives in shared memory. The slot
-bookkeeping, :class:`Chunk` and the stats are every kind's (``base.py``); ``tcp.py`` is the
+bookkeeping, :class:`SlotView` and the stats are every kind's (``base.py``); ``tcp.py`` is the
 kind for a code2wav on another host.
 """
 
@@ -50,7 +50,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, Chunk, ChunkReaderBase, ChunkWriterBase,
+from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, ChunkReaderBase, ChunkWriterBase, SlotView,
                                       connect, drain_slots, stop_threads, unbounded_socket, wake_pair)
 
 logger = logging.getLogger(__name__)
@@ -225,11 +225,11 @@ class _Ring:
         _HEADER.pack_into(self._mm, slot * self.spec.slot_bytes, seq, put_ns, frames, flags, len(request_id),
                           request_id)
 
-    def read(self, slot: int) -> Chunk:
+    def read(self, slot: int) -> SlotView:
         seq, put_ns, frames, flags, id_len, raw_id = _HEADER.unpack_from(self._mm, slot * self.spec.slot_bytes)
         if frames > self.spec.max_frames or id_len > MAX_REQUEST_ID_BYTES:
             raise ValueError(f"corrupt header in slot {slot}: frames={frames} id_len={id_len}")
-        return Chunk.from_wire(raw_id[:id_len], seq, put_ns, self.payloads[slot][:frames], flags, slot)
+        return SlotView.from_wire(raw_id[:id_len], seq, put_ns, self.payloads[slot][:frames], flags, slot)
 
     def close(self) -> None:
         self.payloads = []
@@ -239,7 +239,7 @@ class _Ring:
         try:
             mm.close()
         except BufferError:
-            pass  # a consumer still holds Chunk views; the mapping is freed with the last one
+            pass  # a consumer still holds slot views; the mapping is freed with the last one
 
 
 class ChunkWriter(ChunkWriterBase):
@@ -320,7 +320,7 @@ class ChunkWriter(ChunkWriterBase):
 
 
 class ChunkReader(ChunkReaderBase):
-    """Code2wav side. A recv thread turns slot notifications into :class:`Chunk` objects whose ``codes`` are
+    """Code2wav side. A recv thread turns slot notifications into :class:`SlotView` objects whose ``codes`` are
     zero-copy views into the slot; ``release`` sends the slot index back over pyzmq."""
 
     spec: RingSpec

@@ -7,7 +7,7 @@ Who does what
   free port and holds it until :meth:`TcpOwner.close` (a bound, not listening socket with SO_REUSEADDR, which the
   reader's listening socket may share), so no other process takes the port before the reader binds it.
 * The **reader** (code2wav process) runs :class:`TcpChunkReader`: it binds a ROUTER at ``spec.address``; one I/O
-  thread turns arriving messages into :class:`Chunk` objects whose ``codes`` are zero-copy views into the received
+  thread turns arriving messages into :class:`SlotView` objects whose ``codes`` are zero-copy views into the received
   frame, and sends each slot that ``release`` passes it over an inproc pipe (a zmq socket belongs to one thread)
   back to the connection its chunk came in on.
 * The **writer** (talker process) runs :class:`TcpChunkWriter`: ``put`` only enqueues; one I/O thread connects a
@@ -50,7 +50,7 @@ import numpy as np
 import zmq
 from zmq.utils import z85
 
-from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, Chunk, ChunkReaderBase, ChunkWriterBase,
+from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, ChunkReaderBase, ChunkWriterBase, SlotView,
                                       QueuedChunk, connect, drain_slots, stop_threads, unbounded_socket, wake_pair)
 
 logger = logging.getLogger(__name__)
@@ -165,8 +165,8 @@ def _claimed_slot(frames: list[zmq.Frame], num_slots: int) -> int | None:
     return slot if slot < num_slots else None
 
 
-def _decode(frames: list[zmq.Frame], spec: TcpSpec) -> Chunk:
-    """A received message as a Chunk viewing its payload frame; ValueError (UnicodeDecodeError for the id) for
+def _decode(frames: list[zmq.Frame], spec: TcpSpec) -> SlotView:
+    """A received message as a SlotView viewing its payload frame; ValueError (UnicodeDecodeError for the id) for
     anything a writer of this format would not send."""
     header = frames[0].bytes
     if len(frames) != 2 or len(header) < _HEADER.size or header[:4] != _MAGIC:
@@ -179,7 +179,7 @@ def _decode(frames: list[zmq.Frame], spec: TcpSpec) -> Chunk:
                          f"payload={payload.nbytes} bytes")
     codes = np.frombuffer(payload, "<i4").reshape(num_frames, spec.num_codebooks)
     codes.flags.writeable = False  # the reader must never scribble on what it was sent
-    return Chunk.from_wire(raw_id, seq, put_ns, codes, flags, slot)
+    return SlotView.from_wire(raw_id, seq, put_ns, codes, flags, slot)
 
 
 def _discard_all(sock: zmq.Socket) -> None:

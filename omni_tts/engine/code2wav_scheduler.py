@@ -29,6 +29,7 @@ import numpy as np
 
 @dataclass
 class CodecChunk:
+    """A request's codec frames as code2wav owns them (copied out of the connector's `SlotView`)."""
     codes: np.ndarray          # [F, 16] int
     is_last: bool = False
     is_context: bool = False   # decoder left context (ICL reference codes): decoded, not emitted

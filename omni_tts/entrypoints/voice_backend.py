@@ -9,7 +9,7 @@ The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `l
 - a write is atomic and versioned: readers see the old version or the new one, whole; two writers of one name
   leave one of their versions, whole, and nothing of the other;
 - `created_at` (integer unix seconds, as OpenAI's and vllm-omni's voice objects have it) increases strictly across
-  the whole store, every replica's uploads together, so `(name, created_at)` — `VoiceRecord.version_key` — names
+  the whole store, every replica's uploads together, so `(name, created_at)` — `VoiceRecord.voice_version` — names
   one version for any cache (each replica's talker caches a voice's features under it);
 - names follow `validate_name` and are case-insensitive ("Fox" and "fox" are one voice; `voice_key` folds them),
   uploads pass `check_upload` (the same rules whatever keeps them), and refusals raise `VoiceError` with the
@@ -78,7 +78,7 @@ class VoiceRecord:
         return self.name.lower()
 
     @property
-    def version_key(self) -> str:
+    def voice_version(self) -> str:
         """Names this version's clip for caches of what is derived from it (the talker's voice features)."""
         return f"{self.key}@{self.created_at!r}"
 

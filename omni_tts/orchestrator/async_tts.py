@@ -28,7 +28,7 @@ from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
 from .stage_client import RequestState, StageClient
-from .types import GenerationChunk
+from .types import SpeechChunk
 
 
 class AsyncTTS:
@@ -129,17 +129,17 @@ class AsyncTTS:
 
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                       initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                       initial_chunk_frames: int | None = None, voice_version: str | None = None,
                        first_audio_timeout: float | None = None,
-                       timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
+                       timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
-        initial_chunk_frames overrides the connector's first-chunk size for this request. voice_key names the
+        initial_chunk_frames overrides the connector's first-chunk size for this request. voice_version names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
-        features under it, so the same key must never stand for other audio."""
+        features under it, so the same version must never stand for other audio."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_key, text_open=False)
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False)
         state = self.client.add(add.request_id, len(add.prompt.text_ids))
         chunks = self.client.outputs(state)
         try:
@@ -157,7 +157,7 @@ class AsyncTTS:
             await self.client.release(state)
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> "TextStream":
         """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
@@ -166,7 +166,7 @@ class AsyncTTS:
         first_audio_timeout counts from `finish`, and the request fails with RequestTimedOut when no text arrives
         for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_key, text_open=True)
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=True)
         state = self.client.add(add.request_id, 0)
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
@@ -180,11 +180,11 @@ class AsyncTTS:
         await self.client.abort(request_id)
 
     async def _prepare(self, request: SynthesisRequest, request_id: str | None, initial_chunk_frames: int | None,
-                       voice_key: str | None, text_open: bool) -> AddRequest:
+                       voice_version: str | None, text_open: bool) -> AddRequest:
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
-        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_key)
+        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version)
         self.supervisor.check_alive()
         self._check_new(rid)
         return add
@@ -251,7 +251,7 @@ class TextStream:
         self.client.set_deadline(self.state, "idle", _now() + self.idle_timeout,
                                  f"no text for {self.idle_timeout:g} s")
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]:
         return self.chunks
 
     async def aclose(self) -> None:

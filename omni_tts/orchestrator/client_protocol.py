@@ -1,6 +1,6 @@
 """What the HTTP server needs of an engine: `AsyncTTS` in one process (`omni-tts serve`), or `RayTTS`
-(ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). server.py and
-speech_stream.py are written against this alone, so every route answers the same whichever engine is behind it.
+(ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). The HTTP layer
+(`entrypoints/api/`) is written against this alone, so every route answers the same whichever engine is behind it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
-from .types import GenerationChunk
+from .types import SpeechChunk
 
 
 class SpeechTextStream(Protocol):
@@ -22,7 +22,7 @@ class SpeechTextStream(Protocol):
 
     async def finish(self) -> None: ...
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]: ...
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]: ...
 
     async def aclose(self) -> None: ...
 
@@ -59,12 +59,12 @@ class TTSClient(Protocol):
     async def shutdown(self) -> None: ...
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[GenerationChunk]: ...
+                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]: ...
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> SpeechTextStream: ...
 

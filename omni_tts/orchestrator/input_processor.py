@@ -35,7 +35,7 @@ class InputProcessor:
         self.audio_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-audio")
 
     async def process(self, request_id: str, request: SynthesisRequest, text_open: bool,
-                      initial_chunk_frames: int | None, voice_key: str | None) -> AddRequest:
+                      initial_chunk_frames: int | None, voice_version: str | None) -> AddRequest:
         """The request for the talker; RequestError for bad input. text_open: its text arrives later, in pieces
         (the prompt has no text ids yet; see AsyncTTS.open_text_stream)."""
         limit = self.pipeline.connector.ring_slot_frames
@@ -49,7 +49,7 @@ class InputProcessor:
             ref_audio = await self._reference_audio(request.ref_audio)
         return AddRequest(request_id, prompt, sampling, token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
                           ref_audio=ref_audio, initial_chunk_frames=initial_chunk_frames,
-                          voice_key=voice_key if ref_audio is not None else None, text_open=text_open)
+                          voice_version=voice_version if ref_audio is not None else None, text_open=text_open)
 
     async def tokenize(self, fn: Callable, *args: object):
         """Run `fn` (tokenizer work) on the tokenizer's thread."""

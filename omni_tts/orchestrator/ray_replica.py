@@ -3,7 +3,7 @@ the replica's actor process, on the GPUs Ray assigned it (CUDA_VISIBLE_DEVICES, 
 config's `cuda:0` is the replica's first GPU).
 
 The API process (ray_tts.RayTTS) calls it through a DeploymentHandle: `generate` and `text_session` stream
-the request's GenerationChunks back; an error the client is told about (ENGINE_ERRORS) comes as the stream's last
+the request's SpeechChunks back; an error the client is told about (ENGINE_ERRORS) comes as the stream's last
 item, pickled whole, so the API process raises the very exception a local engine would (Ray would wrap a raised
 one in the replica's traceback). Cancelling the stream in the API process cancels the method here, which closes
 the engine's iterator, which aborts the request in both stages. Ray's health check calls `check_health`; after
@@ -18,17 +18,15 @@ from ray import serve
 from ray.actor import ActorHandle
 
 from omni_tts.config import PipelineConfig, set_torch_threads
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.protocol import StageStats
 
 from .async_tts import AsyncTTS, TextStream
-from .types import GenerationChunk, RequestFailed, StageDeadError
+from .types import ENGINE_ERRORS, EngineError, RequestError, SpeechChunk, StageDeadError
 
-# the errors server.py turns into a status and a message (RequestTimedOut is a RequestFailed)
-ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
-Item = GenerationChunk | RequestError | StageDeadError | RequestFailed | None
+Item = SpeechChunk | EngineError | None
 
 
 class EngineReplica:
@@ -81,7 +79,7 @@ class EngineReplica:
                     pass
         return self.replica_id, stats, dict(self.engine.restarts)
 
-    async def _items(self, chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[Item]:
+    async def _items(self, chunks: AsyncIterator[SpeechChunk]) -> AsyncIterator[Item]:
         """The chunks, the first naming this replica, then the error that ended them, if one did."""
         first = True
         try:

@@ -1,5 +1,6 @@
 """The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (client_protocol.py) over a Ray Serve
-deployment of EngineReplica (ray_replica.py), so server.py serves every route as it does over a local engine.
+deployment of EngineReplica (ray_replica.py), so the HTTP layer (`entrypoints/api/`) serves every route as it does
+over a local engine.
 
 Routing: each request is one call on the DeploymentHandle, which Serve's default router sends to the less loaded of
 two random replicas (power of two choices on their ongoing requests; with two replicas, the one with fewer).
@@ -27,7 +28,7 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
 from .input_processor import load_prompts
-from .types import GenerationChunk, StageDeadError
+from .types import SpeechChunk, StageDeadError
 
 STATUS_POLL_SECONDS = 1.0
 
@@ -122,19 +123,19 @@ class RayTTS:
                 f" ({', '.join(f'{n} {state.lower()}' for state, n in states.items())})" if states else "")
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[GenerationChunk]:
-        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
+        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
                        first_audio_timeout=first_audio_timeout, timeout=timeout)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_key: str | None = None,
+                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> "RayTextStream":
         session = request_id or uuid.uuid4().hex
-        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_key=voice_key,
+        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
                        first_audio_timeout=first_audio_timeout, timeout=timeout,
                        idle_timeout=idle_timeout)
         await self._relay.open.remote(session)
@@ -176,7 +177,7 @@ class RayTextStream:
             self.text_done = True
             await self.relay.push.remote(self.session, "finish")
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    def __aiter__(self) -> AsyncIterator[SpeechChunk]:
         return self.chunks
 
     async def aclose(self) -> None:

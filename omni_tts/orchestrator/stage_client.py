@@ -1,7 +1,7 @@
 """The stage client: commands to the stage processes (msgspec msgpack over the supervisor's sockets), their events
 decoded and routed to each request's stream, and each request's state and deadlines.
 
-A request's path: Register in stage 1, then AddRequest to stage 0 (`submit`) → AudioChunk events queued for its
+A request's path: Register in stage 1, then AddRequest to stage 0 (`submit`) → AudioEvents queued for its
 consumer (`outputs`) → the final usage once stage 0 reported the frame count and stage 1 the last audio. A consumer
 slower than its audio by more than `max_buffered_seconds` is failed (RequestFailed), so no request can make the
 server buffer a whole utterance. A request that fails is aborted in both stages; a pipeline failure fails them all.
@@ -17,17 +17,17 @@ import numpy as np
 
 from omni_tts.config import PipelineConfig
 from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
-from omni_tts.stages.protocol import (Abort, AddRequest, AudioChunk, GetStats, Heartbeat, Ready, Register,
+from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, GetStats, Heartbeat, Ready, Register,
                                       StageCommand, StageEvent, StageFailed, StageStats, TalkerDone)
 
 from .supervisor import StageSupervisor
-from .types import GenerationChunk, RequestFailed, RequestTimedOut, StageDeadError, Usage
+from .types import RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage
 
 
 @dataclass
 class RequestState:
     request_id: str
-    queue: asyncio.Queue       # GenerationChunks, then the usage chunk or the error that ends the request
+    queue: asyncio.Queue       # SpeechChunks, then the usage chunk or the error that ends the request
     input_tokens: int
     epoch: int                 # the pipeline it runs in (StageSupervisor.epoch)
     num_samples: int = 0
@@ -88,7 +88,7 @@ class StageClient:
             except StageDeadError:
                 pass
 
-    async def outputs(self, state: RequestState) -> AsyncIterator[GenerationChunk]:
+    async def outputs(self, state: RequestState) -> AsyncIterator[SpeechChunk]:
         """The request's chunks until its usage; the failure that ends it is raised (it left the stages)."""
         finished = False
         try:
@@ -169,7 +169,7 @@ class StageClient:
     # --- events from the stages -----------------------------------------------------------------------------
     def _on_event(self, frame: bytes) -> None:
         event = self._decoder.decode(frame)
-        if isinstance(event, AudioChunk):
+        if isinstance(event, AudioEvent):
             self._on_audio(event)
         elif isinstance(event, TalkerDone):
             self._on_talker_done(event)
@@ -184,7 +184,7 @@ class StageClient:
         elif isinstance(event, StageFailed):
             self.supervisor.on_stage_failed(event.stage, event.message, event.error)
 
-    def _on_audio(self, event: AudioChunk) -> None:
+    def _on_audio(self, event: AudioEvent) -> None:
         state = self.requests.get(event.request_id)
         if state is None:
             return  # aborted meanwhile
@@ -202,7 +202,7 @@ class StageClient:
                     f"the client read the audio too slowly (over {self.max_buffered_samples / SAMPLE_RATE:.0f} s "
                     "of audio waiting)"))
                 return
-            state.queue.put_nowait(GenerationChunk(audio))
+            state.queue.put_nowait(SpeechChunk(audio))
         state.audio_done = event.finished
         self._maybe_finish(state)
 
@@ -223,4 +223,4 @@ class StageClient:
         usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows, output_frames=done.num_frames,
                       audio_seconds=state.num_samples / SAMPLE_RATE, finish_reason=done.finish_reason)
         self._cancel_deadlines(state)
-        state.queue.put_nowait(GenerationChunk(np.zeros(0, np.float32), usage))
+        state.queue.put_nowait(SpeechChunk(np.zeros(0, np.float32), usage))

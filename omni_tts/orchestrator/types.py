@@ -9,7 +9,8 @@ import numpy as np
 
 from omni_tts.models.qwen3_tts.prompt import RequestError
 
-__all__ = ["GenerationChunk", "RequestError", "RequestFailed", "RequestTimedOut", "StageDeadError", "Usage"]
+__all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SpeechChunk",
+           "StageDeadError", "Usage"]
 
 
 class StageDeadError(RuntimeError):
@@ -31,6 +32,12 @@ class RequestTimedOut(RequestFailed):
         return type(self), (str(self), self.before_first_audio)
 
 
+# the errors that end a request with a message for its client (RequestTimedOut is a RequestFailed); any other
+# exception out of the engine is a bug
+EngineError = RequestError | StageDeadError | RequestFailed
+ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
+
+
 @dataclass
 class Usage:
     input_tokens: int        # text tokens of the input
@@ -41,7 +48,8 @@ class Usage:
 
 
 @dataclass
-class GenerationChunk:
+class SpeechChunk:
+    """A piece of a request's audio as the front end yields it."""
     audio: np.ndarray        # float32 or int16 samples at 24 kHz
     usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
     replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk

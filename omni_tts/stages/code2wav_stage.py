@@ -23,7 +23,7 @@ from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_
 from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
 from .common import StageIO, run_stage
-from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioChunk, DurationHistogram, GetStats,
+from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram, GetStats,
                        Ready, Register, Shutdown, StageLaunch, StageStats)
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Code2WavStage:
                 outputs = self.engine.step()
                 self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
-                    self.io.send(AudioChunk(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
+                    self.io.send(AudioEvent(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
 
     def _on_chunk(self, rid: str, seq: int, chunk: CodecChunk, now: int) -> None:
         if rid in self.engine.requests:
@@ -113,7 +113,7 @@ class Code2WavStage:
             where = f"chunk {seq} ({'reference context' if chunk.is_context else 'generated'})"
             logger.error("request %s: %s refused: %s: %s", rid, where, e, chunk.codes.tolist())
             self._abort(rid)
-            self.io.send(AudioChunk(rid, b"", True, error=f"code2wav cannot decode its codes: {where}: {e}"))
+            self.io.send(AudioEvent(rid, b"", True, error=f"code2wav cannot decode its codes: {where}: {e}"))
 
     def _abort(self, rid: str) -> None:
         self.engine.abort(rid)

@@ -20,7 +20,7 @@ class AddRequest(msgspec.Struct, tag=True):
     max_tokens: int
     ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
-    voice_key: str | None = None     # an uploaded voice's version (VoiceRecord.version_key): its features are cached
+    voice_version: str | None = None  # an uploaded voice's version (VoiceRecord.voice_version): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
                                      # the limit for the text so far
 
@@ -68,7 +68,8 @@ class TalkerDone(msgspec.Struct, tag=True):
     error: str | None = None
 
 
-class AudioChunk(msgspec.Struct, tag=True):
+class AudioEvent(msgspec.Struct, tag=True):
+    """Stage 1 decoded some of a request's audio (the engine's `AudioOutput`, on the wire)."""
     request_id: str
     pcm: bytes                       # float32 samples at 24 kHz
     finished: bool
@@ -128,7 +129,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     busy_seconds: float
 
 
-StageEvent = Ready | TalkerDone | AudioChunk | StageStats | StageFailed | Heartbeat
+StageEvent = Ready | TalkerDone | AudioEvent | StageStats | StageFailed | Heartbeat
 
 
 class StageLaunch(msgspec.Struct):

@@ -113,7 +113,7 @@ class TalkerStage:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open)
         if m.ref_audio is not None:
-            cached = self.voice_cache.get(m.voice_key, icl=m.prompt.ref_text_ids is not None)
+            cached = self.voice_cache.get(m.voice_version, icl=m.prompt.ref_text_ids is not None)
             if cached is None:
                 self.voice_features.submit(FeatureJob(m))
                 return

@@ -9,7 +9,7 @@ run one after another, because neither encoder gives the same result batched: pa
 attentive pooling over time and Mimi's replicate-padded downsample, and even identical-length clips are not bitwise
 equal in a batch on CPU (a Res2Net conv of the speaker encoder differs by ~1e-6 between batch 1 and batch 4).
 
-Caching: features are cached under the request's `voice_key` (an uploaded voice's version, which never changes
+Caching: features are cached under the request's `voice_version` (an uploaded voice's version, which never changes
 content). Inline ref_audio is not cached: a one-off clip would push saved voices out of the LRU, and a hit or miss
 on a content hash would tell one client, by latency, whether another recently used that clip; a client that
 reuses a clip should upload it.
@@ -175,12 +175,12 @@ class VoiceFeatureWorker:
                 continue
             for job in jobs:
                 job.features = features
-                if job.request.voice_key is not None:
-                    self.cache.put(job.request.voice_key, features)
+                if job.request.voice_version is not None:
+                    self.cache.put(job.request.voice_version, features)
 
     def _features(self, audio: bytes, jobs: list[FeatureJob]) -> VoiceFeatures:
         icl = any(job.icl for job in jobs)
-        for key in {job.request.voice_key for job in jobs}:  # computed since this job was queued
+        for key in {job.request.voice_version for job in jobs}:  # computed since this job was queued
             cached = self.cache.get(key, icl)
             if cached is not None:
                 return cached

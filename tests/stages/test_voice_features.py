@@ -44,14 +44,15 @@ def tts() -> Qwen3TTS:
 
 
 def add_request(tts: Qwen3TTS, rid: str, clip: np.ndarray | None = CLIP, ref_text: str | None = None,
-                voice_key: str | None = None, text: str = "Hello there.", max_tokens: int = 40,
+                voice_version: str | None = None, text: str = "Hello there.", max_tokens: int = 40,
                 temperature: float = 0.9, seed: int = 1) -> AddRequest:
     request = SynthesisRequest(text=text, language="english", ref_audio=(CLIP, 24000), ref_text=ref_text,
                                x_vector_only=ref_text is None,
                                sampling=SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_tokens))
     p = tts.prompts.tokenize(request)
     return AddRequest(request_id=rid, prompt=p, sampling=resolve_sampling(request.sampling, tts.generation_config),
-                      max_tokens=max_tokens, ref_audio=None if clip is None else clip.tobytes(), voice_key=voice_key)
+                      max_tokens=max_tokens, ref_audio=None if clip is None else clip.tobytes(),
+                      voice_version=voice_version)
 
 
 def job(tts: Qwen3TTS, rid: str, **kwargs) -> FeatureJob:
@@ -123,16 +124,16 @@ def test_identical_clips_in_one_batch_are_computed_once(tts, worker):
 
 def test_cache_is_per_voice_version_and_bounded(tts, worker):
     cache = worker.cache
-    worker.submit(job(tts, "a", voice_key="fox@1.0"))
+    worker.submit(job(tts, "a", voice_version="fox@1.0"))
     wait_finished(worker, 1)
     assert cache.get("fox@1.0", icl=False) is not None
     assert cache.get("fox@1.0", icl=True) is None              # x-vector only so far: ICL needs the codes
     assert cache.get("fox@2.0", icl=False) is None             # another version of the voice
-    worker.submit(job(tts, "b", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    worker.submit(job(tts, "b", ref_text=REF_TEXT, voice_version="fox@1.0"))
     wait_finished(worker, 1)
     icl = cache.get("fox@1.0", icl=True)
     assert icl is not None and icl.ref_codes is not None
-    worker.submit(job(tts, "c", voice_key="fox@1.0"))           # the worker itself hits the cache
+    worker.submit(job(tts, "c", voice_version="fox@1.0"))           # the worker itself hits the cache
     wait_finished(worker, 1)
     assert worker.tts.calls == 2 and cache.get("fox@1.0", icl=True) is icl  # ICL codes are kept
     features = VoiceFeatures(icl.speaker_embedding, None)
@@ -267,7 +268,7 @@ def test_stage_admission_does_not_stall_running_streams(tts, stage):
     """While Base streams run, a request with a 10 s ICL reference clip is admitted: no gap between steps grows
     past one median step (inline, the features' whole time would sit in one such gap)."""
     for i in range(6):  # sampled: some end early, enough run on
-        stage.send(add_request(tts, f"run{i}", voice_key=f"v{i}", text=LONG_INPUT, max_tokens=2000, seed=i))
+        stage.send(add_request(tts, f"run{i}", voice_version=f"v{i}", text=LONG_INPUT, max_tokens=2000, seed=i))
     wait_until(lambda: all(stage.received(f"run{i}") for i in range(6)))
     warm = len(stage.log.ends)
     wait_until(lambda: len(stage.log.ends) >= warm + 20)
@@ -293,11 +294,11 @@ def test_stage_admission_does_not_stall_running_streams(tts, stage):
 
 
 def test_stage_icl_context_precedes_frames_and_cached_voice_skips_worker(tts, stage, monkeypatch):
-    stage.send(add_request(tts, "a", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    stage.send(add_request(tts, "a", ref_text=REF_TEXT, voice_version="fox@1.0"))
     assert stage.next_event(TalkerDone).error is None
     calls = []
     monkeypatch.setattr(stage.stage.voice_features, "submit", calls.append)
-    stage.send(add_request(tts, "b", ref_text=REF_TEXT, voice_key="fox@1.0"))
+    stage.send(add_request(tts, "b", ref_text=REF_TEXT, voice_version="fox@1.0"))
     assert stage.next_event(TalkerDone).request_id == "b" and calls == []
     for rid in ("a", "b"):
         wait_until(lambda: any(last for _, _, last in stage.received(rid)))
@@ -342,7 +343,7 @@ def test_cached_voice_gives_the_offline_audio():
     async def main() -> None:
         async with AsyncTTS(str(TINY_BASE), load_stage_config("cpu_tiny")) as engine:
             for x_vector_only in (False, False, True):
-                chunks = [c async for c in engine.generate(request(x_vector_only), voice_key="fox@1.0")]
+                chunks = [c async for c in engine.generate(request(x_vector_only), voice_version="fox@1.0")]
                 audio = np.concatenate([c.audio for c in chunks])
                 np.testing.assert_allclose(audio, expected[x_vector_only], atol=1e-5, rtol=0)
             samples = dataclasses.replace(request(False), ref_audio=CLIP)

@@ -8,17 +8,17 @@ import logging
 from aiohttp import web
 
 from omni_tts.entrypoints.protocol import ApiError
-from omni_tts.models.qwen3_tts.prompt import RequestError
 from omni_tts.orchestrator.client_protocol import TTSClient
-from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
+from omni_tts.orchestrator.types import (ENGINE_ERRORS, EngineError, RequestError, RequestFailed, RequestTimedOut,
+                                         StageDeadError)
 
 logger = logging.getLogger(__name__)
 
-# what ends a request with a message for its client (RequestTimedOut is a RequestFailed); anything else is a bug
-REQUEST_ERRORS = (ApiError, RequestError, StageDeadError, RequestFailed)
+# what ends a request with a message for its client: the engine's errors and the API's own
+REQUEST_ERRORS = (ApiError, *ENGINE_ERRORS)
 
 
-def api_error(error: ApiError | RequestError | StageDeadError | RequestFailed) -> ApiError:
+def api_error(error: ApiError | EngineError) -> ApiError:
     """The status and envelope of an error that ended a request: bad input 400, a stage down 503, no first audio in
     time 503 (overloaded: the client should retry), no end in time 504, any other failure 500."""
     if isinstance(error, ApiError):

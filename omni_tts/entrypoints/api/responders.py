@@ -17,7 +17,7 @@ from omni_tts.audio.pcm import StreamEncoder
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.orchestrator.types import GenerationChunk
+from omni_tts.orchestrator.types import SpeechChunk
 
 from .access_log import SPEECH_LOG
 from .errors import REQUEST_ERRORS, api_error
@@ -26,26 +26,26 @@ from .state import ServerState
 logger = logging.getLogger(__name__)
 
 
-async def _rest(first: GenerationChunk, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+async def _rest(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:
     yield first
     if first.usage is None:
         async for chunk in stream:
             yield chunk
 
 
-def _usage_json(chunk: GenerationChunk) -> dict:
+def _usage_json(chunk: SpeechChunk) -> dict:
     u = chunk.usage
     return {"input_tokens": u.input_tokens, "output_tokens": u.output_frames,
             "total_tokens": u.input_tokens + u.output_frames}
 
 
-def _record_usage(request: web.Request, state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+def _record_usage(request: web.Request, state: ServerState, chunk: SpeechChunk, arrived: float) -> None:
     """An HTTP request's last audio: in its access-log line and the metrics."""
     request[SPEECH_LOG].audio_seconds = chunk.usage.audio_seconds
     record_usage(state, chunk, arrived)
 
 
-def record_usage(state: ServerState, chunk: GenerationChunk, arrived: float) -> None:
+def record_usage(state: ServerState, chunk: SpeechChunk, arrived: float) -> None:
     """At a request's last audio: its outcome, and its latency and real-time factor counted from its arrival."""
     state.metrics.finished.labels(chunk.usage.finish_reason).inc()
     state.metrics.audio_seconds.inc(chunk.usage.audio_seconds)
@@ -78,8 +78,8 @@ async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[n
     return await state.run(encode)
 
 
-async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                        stream: AsyncIterator[GenerationChunk], arrived: float,
+async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: SpeechChunk,
+                        stream: AsyncIterator[SpeechChunk], arrived: float,
                         headers: dict[str, str]) -> web.Response:
     """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it)."""
     parts, last = [], first
@@ -96,7 +96,7 @@ async def respond_whole(request: web.Request, state: ServerState, speech: Speech
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
-                               first: GenerationChunk, stream: AsyncIterator[GenerationChunk], arrived: float,
+                               first: SpeechChunk, stream: AsyncIterator[SpeechChunk], arrived: float,
                                headers: dict[str, str]) -> web.StreamResponse:
     response = web.StreamResponse(headers=headers | {"Content-Type": content_type(speech.response_format)})
     response.enable_chunked_encoding()
@@ -128,8 +128,8 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
         encoder.close()  # a cancelled or cut stream's codec context is freed now, not by the GC
 
 
-async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: GenerationChunk,
-                      stream: AsyncIterator[GenerationChunk], arrived: float,
+async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRequest, first: SpeechChunk,
+                      stream: AsyncIterator[SpeechChunk], arrived: float,
                       headers: dict[str, str]) -> web.StreamResponse:
     response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream",
                                                      "Cache-Control": "no-cache"})

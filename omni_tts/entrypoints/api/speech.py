@@ -55,9 +55,10 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
     stream = None
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     try:
-        synthesis, voice_key = await build_synthesis_request(state, speech, voice, speech.input)
+        synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
         stream = state.engine.generate(synthesis, request_id=request_id(request),
-                                       initial_chunk_frames=speech.initial_codec_chunk_frames, voice_key=voice_key,
+                                       initial_chunk_frames=speech.initial_codec_chunk_frames,
+                                       voice_version=voice_version,
                                        first_audio_timeout=state.config.first_audio_timeout,
                                        timeout=state.config.request_timeout)
         first = await anext(stream)

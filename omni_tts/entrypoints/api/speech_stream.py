@@ -35,7 +35,7 @@ from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessa
 from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.types import GenerationChunk
+from omni_tts.orchestrator.types import SpeechChunk
 
 from .admission import Admission
 from .auth import WS_PROTOCOL
@@ -75,7 +75,7 @@ class SpeechSession:
         self.state, self.ws = state, ws
         self.config: SessionConfig | None = None
         self.template: SynthesisRequest | None = None   # what the config asks for, its text left empty
-        self.voice_key: str | None = None
+        self.voice_version: str | None = None
         self.utterance: TokenUtterance | SplitUtterance | None = None
         self.utterance_index = 0
         self.num_configs = 0
@@ -159,10 +159,10 @@ class SpeechSession:
         check_output(config, config.stream_audio)
         voice = check_speech_request(self.state, config)
         if config.ref_audio is None and voice.uploaded is None:
-            self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
+            self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
         else:  # reference audio to fetch, decode or load: admitted first, as an HTTP request's would be
             with Admission(self.state):
-                self.template, self.voice_key = await build_synthesis_request(self.state, config, voice, "")
+                self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
         self.config = config
 
     def synthesis(self, text: str) -> SynthesisRequest:
@@ -170,10 +170,10 @@ class SpeechSession:
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config
-        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_key=self.voice_key,
+        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_version=self.voice_version,
                     first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
-    async def send_audio(self, chunks: AsyncIterator[GenerationChunk], sentence_index: int,
+    async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,
                          sentence_text: Callable[[], str], admission: Admission) -> None:
         """One request's audio.start, binary frames and audio.done."""
         config, started, total_bytes = self.config, time.monotonic(), 0

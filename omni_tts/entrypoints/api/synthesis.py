@@ -40,7 +40,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
                                   text: str) -> tuple[SynthesisRequest, str | None]:
     """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one. Fetches
     and decodes reference audio: call it only once the request is admitted."""
-    ref_audio, ref_text, voice_key = None, speech.ref_text, None
+    ref_audio, ref_text, voice_version = None, speech.ref_text, None
     x_vector_only = speech.x_vector_only_mode
     if speech.ref_audio is not None:
         try:
@@ -58,7 +58,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
             raise unknown_uploaded_voice(voice.uploaded)
         record, samples = loaded
         ref_audio = samples
-        voice_key = record.version_key
+        voice_version = record.voice_version
         if ref_text is None:
             ref_text = record.ref_text
         x_vector_only = x_vector_only or not ref_text
@@ -67,4 +67,4 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams.of(speech))
-    return synthesis, voice_key
+    return synthesis, voice_version

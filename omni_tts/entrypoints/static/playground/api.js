@@ -3,7 +3,7 @@
 
 // sessionStorage: the key lives as long as the tab, never on disk beyond it, never shared with other tabs
 const KEY_STORAGE = "omni_tts.api_key";
-// what the server answers when the key comes as a WebSocket subprotocol (server.py, presented_api_key)
+// what the server answers when the key comes as a WebSocket subprotocol (api/auth.py, presented_api_key)
 const WS_PROTOCOL = "omni-tts";
 
 export class ApiError extends Error {
