@@ -23,7 +23,7 @@ from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, SynthesisRequest
-from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD_TOKENS
+from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
 from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
@@ -272,9 +272,10 @@ class TextStream:
         if not self.client.is_live(self.state):
             return  # it ended (its end token came before the text's end) or failed: the audio tells which
         prompt = self.add.prompt
-        new_text = ids[max(0, TEMPLATE_HEAD_TOKENS - len(self.ids)):]
+        num_text = len(prompt.text_ids)
         self.ids += ids
-        prompt.role_ids, prompt.text_ids = self.ids[:TEMPLATE_HEAD_TOKENS], self.ids[TEMPLATE_HEAD_TOKENS:]
+        prompt.role_ids, prompt.text_ids = split_template(self.ids, closed=False)
+        new_text = prompt.text_ids[num_text:]
         try:
             self.processor.prompts.check_fits(prompt)
         except RequestError as e:

@@ -17,8 +17,7 @@ from tokenizers import Tokenizer
 from .config import Qwen3TTSConfig
 from .sampling import SamplingParams
 from .talker import Talker
-from .text_tokenizer import (EMPTY_INPUT, TEMPLATE_HEAD, TEMPLATE_HEAD_TOKENS, TEMPLATE_TAIL, TEMPLATE_TAIL_TOKENS,
-                             strip_leading_newlines)
+from .text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD, TEMPLATE_TAIL, split_template, strip_leading_newlines
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ class PromptBuilder:
             if not text.strip():
                 raise RequestError("input", EMPTY_INPUT)
             ids = self._encode(TEMPLATE_HEAD + text + TEMPLATE_TAIL)
-            role_ids, text_ids = ids[:TEMPLATE_HEAD_TOKENS], ids[TEMPLATE_HEAD_TOKENS:-TEMPLATE_TAIL_TOKENS]
+            role_ids, text_ids = split_template(ids)
 
         speaker = (request.voice or "").strip().lower() or None
         instructions = request.instructions or None

@@ -27,6 +27,13 @@ TEMPLATE_HEAD_TOKENS, TEMPLATE_TAIL_TOKENS = 3, 5
 EMPTY_INPUT = "input text is empty"
 
 
+def split_template(ids: list[int], closed: bool = True) -> tuple[list[int], list[int]]:
+    """The target text template's ids as (role ids, text ids); closed: the template's tail is there (dropped).
+    A text that arrives in pieces is split open: its ids so far, the tail not yet tokenized."""
+    end = len(ids) - TEMPLATE_TAIL_TOKENS if closed else len(ids)
+    return ids[:TEMPLATE_HEAD_TOKENS], ids[TEMPLATE_HEAD_TOKENS:end]
+
+
 def strip_leading_newlines(text: str) -> str:
     """A leading newline of the target text would merge with the role's newline and shift the slices."""
     return text.lstrip("\r\n")
