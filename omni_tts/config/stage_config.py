@@ -84,8 +84,8 @@ class Code2WavStageConfig(_Config):
     device: Device
     dtype: DType = "float32"
     max_batch_size: PositiveInt = 32  # requests whose chunks decode together in one step
-    # codec frames decoded in one call (summed over the batch); None = measured for the device at start-up
-    max_frames_per_step: PositiveInt | None = None
+    # codec frames one decoder call may take (summed over its rows), in each lane; None = measured at start-up
+    frame_budget: PositiveInt | None = None
     threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
     # decoder calls that run at once, each on its own thread with `threads` torch threads, each within the frame
     # budget; None = 1, plus a lane per code2wav-sized share of the talker's cores when both stages use the CPU

@@ -204,7 +204,7 @@ class StageSupervisor:
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                      "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
                                     if name == "talker"
-                                    else {"frame_budget": cfg.max_frames_per_step,
+                                    else {"frame_budget": cfg.frame_budget,
                                           "lanes": code2wav_lanes(self.pipeline, self.threads)}))
             process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
                                     daemon=True)
