@@ -24,7 +24,7 @@ def normalize_format(fmt: str) -> str:
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:
-    """Float audio → int16: NaN → 0, clip to [-1, 1], × 32767, round half to even. Returns a new 1-D int16 array."""
+    """Float audio → int16: NaN → 0, clip to [-1, 1], × 32767, round half to even; a new 1-D int16 array."""
     x = np.asarray(samples, dtype=np.float32).reshape(-1)
     x = np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0)
     return np.rint(np.clip(x, -1.0, 1.0) * np.float32(_INT16_SCALE)).astype(np.int16)

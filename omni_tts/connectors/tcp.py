@@ -28,9 +28,9 @@ Wire format (little-endian), one two-frame message per chunk::
     frame 0: b"otc1" | slot u32 | seq i64 | put_ns i64 | num_frames u32 | flags u32 | request id (≤ 64 UTF-8 bytes)
     frame 1: payload: num_frames × num_codebooks int32, row-major
 
-and a release is the slot index alone (u32). At most ``num_slots`` chunks are in flight, as in the shared-memory
-ring, so memory on both ends stays bounded the same way. ``put_ns`` is the writer host's monotonic clock; the put → get latency the reader derives from it is
-meaningful only while both stages share a host.
+and a release is the slot index alone (u32). At most ``num_slots`` chunks are in flight, as in the shared-memory ring,
+so memory on both ends stays bounded the same way. ``put_ns`` is the writer host's monotonic clock; the put → get
+latency the reader derives from it is meaningful only while both stages share a host.
 """
 
 from __future__ import annotations

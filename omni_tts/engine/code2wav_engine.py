@@ -1,11 +1,11 @@
 """Stage 1: codec frames → audio with the exact stateful streaming decoder, batched across requests.
 
 Each registered request owns a `DecodingRequest` (its `DecoderStreamState`). A step is schedule → decode →
-postprocess: the scheduler (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call frame budget, pieces of
-equal length share one batched decoder call (rows at different stream offsets), and each piece returns only its
-new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces prime the
-state and emit nothing. A request's state is freed at its last chunk or on abort. With several lanes, each lane's
-calls run on their own thread at the same time as the others' (torch releases the GIL inside its ops).
+postprocess: the scheduler (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call
+frame budget, pieces of equal length share one batched decoder call (rows at different stream offsets), and each piece
+returns only its new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces
+prime the state and emit nothing. A request's state is freed at its last chunk or on abort. With several lanes, each
+lane's calls run on their own thread at the same time as the others' (torch releases the GIL inside its ops).
 `measure_frame_budget` sizes the per-call frame budget for the device at stage start.
 """
 from __future__ import annotations

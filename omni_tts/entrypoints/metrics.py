@@ -3,8 +3,8 @@
 Names follow Prometheus' conventions, as vLLM's /metrics does: `omni_tts_` prefix, counters end in `_total`, base
 units as suffixes (`_seconds`), distributions as histograms (never means or quantile-labelled gauges). The real-time
 factor is generation time ÷ audio duration, dimensionless and unbounded above (> 1: slower than real time), so it is
-`omni_tts_request_real_time_factor`: `_ratio` is kept for fractions in [0, 1]. tests/entrypoints/test_metrics.py lints the
-exposition against these rules.
+`omni_tts_request_real_time_factor`: `_ratio` is kept for fractions in [0, 1]. tests/entrypoints/test_metrics.py lints
+the exposition against these rules.
 
 The stages count their own steps and step times (StageStats); `StageCollector` turns each scrape's figures into
 counters and histograms that never go down, across stage restarts as well, and sums the replicas' under serve-ray.

@@ -1,10 +1,10 @@
 """The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
 
 The speech request and voice upload schemas are derived from `SpeechRequest` and `VoiceUpload` (msgspec), so the
-document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is
-narrowed to the names the server answers to, which it enforces (404 otherwise). tests/entrypoints/test_openapi.py checks that
-every route of the app is documented, and tests/entrypoints/test_fuzz.py drives the server with inputs generated from this
-document. GET /docs renders it in the browser (static/docs.html, no outside host); GET / is the playground
+document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed
+to the names the server answers to, which it enforces (404 otherwise). tests/entrypoints/test_openapi.py checks that
+every route of the app is documented, and tests/entrypoints/test_fuzz.py drives the server with inputs generated from
+this document. GET /docs renders it in the browser (static/docs.html, no outside host); GET / is the playground
 (playground.py).
 """
 from __future__ import annotations

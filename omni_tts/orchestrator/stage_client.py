@@ -16,7 +16,7 @@ import msgspec
 import numpy as np
 
 from omni_tts.config import PipelineConfig
-from omni_tts.models.qwen3_tts.model import SAMPLE_RATE
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, GetStats, Heartbeat, Ready, Register,
                                       StageCommand, StageEvent, StageFailed, StageStats, TalkerDone)
 
@@ -39,8 +39,8 @@ class RequestState:
 
 
 class StageClient:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int, max_buffered_seconds: float = 60.0,
-                 **supervisor_options: object) -> None:
+    def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
+                 max_buffered_seconds: float = 60.0, **supervisor_options: object) -> None:
         """supervisor_options: StageSupervisor's (timeouts, restart limits, cpus)."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,

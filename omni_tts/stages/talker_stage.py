@@ -105,7 +105,8 @@ class TalkerStage:
         elif isinstance(message, GetStats):
             stats = self.engine.stats()
             self.io.send(StageStats(
-                "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(), self.step_durations,
+                "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(),
+                self.step_durations,
                 prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
                 rows_waiting_for_text=stats.num_parked))
 

@@ -1,10 +1,9 @@
 """Speech-tokenizer encoder (wave → codes) for Base voice cloning, in plain PyTorch (model doc §11).
 
-The released speech tokenizer embeds a Mimi encoder (SEANet convs → causal transformer → stride-2 downsample →
-split RVQ). The reference runs it through transformers' `MimiModel`; these files (mimi_*.py) re-implement the encoder side so
-that the result does not depend on the installed transformers version (the class layout and key names of
-transformers' Mimi changed in 5.x). State-dict names are the checkpoint's `encoder.*` keys with that prefix
-stripped.
+The released speech tokenizer embeds a Mimi encoder (SEANet convs → causal transformer → stride-2 downsample → split
+RVQ). The reference runs it through transformers' `MimiModel`; these files (mimi_*.py) re-implement the encoder side
+so that the result does not depend on the installed transformers version (the class layout and key names of
+transformers' Mimi changed in 5.x). State-dict names are the checkpoint's `encoder.*` keys with that prefix stripped.
 
 Attention is plain causal, with **no sliding window** by default: that is what the reference computes
 (transformers 4.57.x builds a full causal mask for Mimi's SDPA/eager attention and ignores `sliding_window`),
