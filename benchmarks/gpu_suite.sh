@@ -19,6 +19,8 @@
 # run goes over budget.
 #   RESULT_DIR (default benchmarks/results/gpu-suite-<time>), GPU_INDEX=0, SERVER_TIMEOUT=900 (s)
 #   NVIDIA_SMI=1 [0]: 1 = required; 0 = sample only when nvidia-smi is present
+#   DEADLINE_EPOCH (unset): a preset or level that would start after this time (seconds since the epoch) is skipped
+#     and named in phases.tsv, so a caller with a time limit still gets its report
 # Thread variables (OMP_NUM_THREADS, MKL_NUM_THREADS, TORCH_NUM_THREADS…) are removed: the server picks its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +54,7 @@ cleanup() {
   sampler="" server=""
 }
 trap cleanup EXIT
+past_deadline() { [ -n "${DEADLINE_EPOCH:-}" ] && [ "$(date +%s)" -ge "$DEADLINE_EPOCH" ]; }
 phase() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$out/phases.tsv"; echo "[gpu_suite] $1 $2: $3 s" >&2; }
 
 bench() {  # bench NAME ARGS...: one bench_tts_serve.py run, GPU sampled into NAME.gpu.csv
@@ -67,6 +70,7 @@ bench() {  # bench NAME ARGS...: one bench_tts_serve.py run, GPU sampled into NA
 }
 
 for preset in $PRESETS; do
+  if past_deadline; then phase "$preset" skipped 0; continue; fi
   t=$SECONDS
   model=$cache/$preset-custom-voice-seed0$([ "$DTYPE" = float32 ] || echo "-$DTYPE")   # as cpu_suite.sh names it
   [ -f "$model/speech_tokenizer/model.safetensors" ] || \
@@ -92,11 +96,13 @@ for preset in $PRESETS; do
   phase "$preset" warmup $((SECONDS - t))
 
   for c in $CONCURRENCY; do
+    if past_deadline; then phase "$preset" "c=$c skipped" 0; continue; fi
     t=$SECONDS
     bench "$preset-c$c" --concurrency "$c" --num-prompts $((2 * c > MIN_PROMPTS ? 2 * c : MIN_PROMPTS)) --warmups 0
     phase "$preset" "c=$c" $((SECONDS - t))
   done
   for rate in $RATES; do
+    if past_deadline; then phase "$preset" "rate=$rate skipped" 0; continue; fi
     t=$SECONDS
     n=$(python -c "import math; print(min($RATE_MAX_PROMPTS, max($MIN_PROMPTS, math.ceil($rate * $RATE_SECONDS))))")
     bench "$preset-rate$rate" --request-rate "$rate" --num-prompts "$n" --warmups 0
