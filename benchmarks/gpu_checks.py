@@ -152,6 +152,25 @@ def check_talker(tts: Qwen3TTS, label: str, device: torch.device, num_requests: 
         "eager": time_talker_steps(eager, buckets, slots, device, timing_repeats)}
     print(f"[gpu_checks] talker {label} step ms: {json.dumps(results['timings'][f'talker_{label}_step_ms'])}",
           flush=True)
+    profile(lambda: eager.runner.decode(buckets[-1], slots), f"talker {label} eager step, {buckets[-1]} rows", device)
+
+
+def profile(run, label: str, device: torch.device) -> None:
+    """Where one call's device time goes: kernels launched and the top ones by time (CUDA only)."""
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    run()
+    sync(device)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        sync(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_ms = sum(e.device_time for e in kernels) / 1e3
+    results["timings"][f"profile {label}"] = {"kernels": len(kernels), "kernel_ms": round(device_ms, 3)}
+    print(f"[gpu_checks] profile {label}: {len(kernels)} kernels, {device_ms:.2f} ms of kernel time", flush=True)
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70),
+          flush=True)
 
 
 # --- 3. decoder ---------------------------------------------------------------------------------------------------
@@ -177,6 +196,8 @@ def check_decoder(tts: Qwen3TTS, label: str, device: torch.device, timing_repeat
                 decoder.decode_chunk(chunk, state)
             sync(device)
             timings[f"{rows}x{frames}"] = round((time.perf_counter() - started) / timing_repeats * 1e3, 3)
+            if (rows, frames) == (16, 4):
+                profile(lambda: decoder.decode_chunk(chunk, state), f"decoder {label} 16x4", device)
     results["timings"][f"decoder_{label}_call_ms"] = timings
     print(f"[gpu_checks] decoder {label} eager call ms (rows x frames): {json.dumps(timings)}", flush=True)
     if device.type == "cuda":

@@ -46,16 +46,15 @@ if [ -n "$missing" ]; then
     || exit 1
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# the repository itself, and an `omni-tts` / `python` on the PATH when it is not installed
+# the repository itself; `python` and `omni-tts` on the PATH are this interpreter (a machine's plain `python` may
+# be another one, without the packages)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ! command -v omni-tts >/dev/null 2>&1 || ! command -v python >/dev/null 2>&1; then
-  bin=${TMPDIR:-/tmp}/omni-tts-bin
-  mkdir -p "$bin"
-  printf '#!/bin/sh\nexec %s -m omni_tts.entrypoints.cli "$@"\n' "$py" > "$bin/omni-tts"
-  ln -sf "$py" "$bin/python"
-  chmod +x "$bin/omni-tts"
-  export PATH=$bin:$PATH
-fi
+bin=${TMPDIR:-/tmp}/omni-tts-bin
+mkdir -p "$bin"
+printf '#!/bin/sh\nexec %s -m omni_tts.entrypoints.cli "$@"\n' "$py" > "$bin/omni-tts"
+chmod +x "$bin/omni-tts"
+ln -sf "$py" "$bin/python"
+export PATH=$bin:$PATH
 
 if [ "${CPU:-0}" = 1 ]; then
   device=cpu
