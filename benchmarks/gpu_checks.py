@@ -8,9 +8,9 @@
 2. talker: the graph-captured step (CUDA) or the static-shape eager step (CPU) against the eager step, on the tiny
    fixture and a real-size random checkpoint (--preset) in --dtype: identical greedy codes, requests joining and
    finishing mid-run; and the time of one decode step per batch bucket, eager and graphed.
-3. decoder: the static-shape decoder (graph-captured on CUDA) against the dynamic one, first and steady chunks of
-   every (rows, frames) bucket: max |difference| (bf16 tolerance on the device's dtype); one-pass == streamed; and
-   the time of one decoder call per bucket.
+3. decoder: one pass == streamed; the static-shape runner (graph-captured on CUDA) against the dynamic one, first
+   and steady chunks at 1-64 rows and 1/4/7/25 frames: max |difference| within the dtype's tolerance; and the time
+   of one decoder call (slots in, audio on the host) per (rows, frames), graphed and eager.
 Writes checks.json (every figure) and prints one line per check; exits 1 when a check fails.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS  # noqa: E402
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest  # noqa: E402
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams  # noqa: E402
 from omni_tts.engine.offline import prepare  # noqa: E402
+from omni_tts.engine.code2wav_runner import Code2WavRunner  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 results: dict = {"checks": [], "timings": {}}
@@ -176,60 +177,54 @@ def profile(run, label: str, device: torch.device) -> None:
 # --- 3. decoder ---------------------------------------------------------------------------------------------------
 def check_decoder(tts: Qwen3TTS, label: str, device: torch.device, timing_repeats: int) -> None:
     decoder = tts.decoder
+    tolerance = 1e-5 if tts.dtype == torch.float32 else 2e-2   # bf16: a few units in the last place of ~0.5
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, decoder.cfg.codebook_size, (2, decoder.cfg.num_quantizers, 40), generator=gen)
-    codes = codes.to(device)
-    whole = decoder(codes)
-    streamed = decoder(codes, chunk_frames=7)
+    whole = decoder(codes.to(device))
+    streamed = decoder(codes.to(device), chunk_frames=7)
     diff = float((whole.float() - streamed.float()).abs().max())
-    tolerance = 1e-5 if tts.dtype == torch.float32 else 2e-2
     check(f"decoder {label}: streamed (7-frame chunks) == one pass", diff <= tolerance, max_diff=diff)
+
+    graphs = device.type == "cuda"
+    started = time.perf_counter()
+    fast = Code2WavRunner(decoder, 64, static_shapes=True, cuda_graphs=graphs)
+    capture_s = time.perf_counter() - started
+    dynamic = Code2WavRunner(decoder, 64)
+    worst = 0.0
+    for rows in (1, 3, 16, 64):
+        for frames in (1, 4, 7, 25):   # 7: split into captured sizes 6 + 1
+            audio = []
+            for runner in (fast, dynamic):
+                slots = [runner.allocate() for _ in range(rows)]
+                chunk = np.random.default_rng(rows * 100 + frames).integers(
+                    0, decoder.cfg.codebook_size, (rows, 2 * frames, decoder.cfg.num_quantizers))
+                first = runner.decode(slots, chunk[:, :frames])     # first chunks: fresh state
+                steady = runner.decode(slots, chunk[:, frames:])    # steady chunks: carried state
+                audio.append(np.concatenate([first, steady], axis=1))
+                for slot in slots:
+                    runner.release(slot)
+            worst = max(worst, float(np.abs(audio[0] - audio[1]).max()))
+    check(f"decoder {label}: {'graphed' if graphs else 'static'} == dynamic (first and steady chunks, rows 1-64, "
+          "frames 1/4/7/25)", worst <= tolerance, max_diff=worst, capture_seconds=round(capture_s, 2),
+          num_graphs=len(fast.graphs))
     timings = {}
-    for rows in (1, 4, 16, 64):
-        for frames in (1, 2, 4, 25):
-            state = decoder.new_stream_state(rows)
-            chunk = torch.zeros(rows, decoder.cfg.num_quantizers, frames, dtype=torch.long, device=device)
-            decoder.decode_chunk(chunk, state)
-            sync(device)
-            started = time.perf_counter()
-            for _ in range(timing_repeats):
-                decoder.decode_chunk(chunk, state)
-            sync(device)
-            timings[f"{rows}x{frames}"] = round((time.perf_counter() - started) / timing_repeats * 1e3, 3)
-            if (rows, frames) == (16, 4):
-                profile(lambda: decoder.decode_chunk(chunk, state), f"decoder {label} 16x4", device)
+    for kind, runner in (("graphed" if graphs else "static", fast), ("eager", dynamic)):
+        timings[kind] = {}
+        for rows in (1, 4, 16, 64):
+            for frames in (1, 4, 25):
+                slots = [runner.allocate() for _ in range(rows)]
+                chunk = np.zeros((rows, frames, decoder.cfg.num_quantizers), dtype=np.int64)
+                runner.decode(slots, chunk)
+                started = time.perf_counter()
+                for _ in range(timing_repeats):
+                    runner.decode(slots, chunk)
+                timings[kind][f"{rows}x{frames}"] = round((time.perf_counter() - started) / timing_repeats * 1e3, 3)
+                if (rows, frames) == (16, 4) and kind == "eager":
+                    profile(lambda: runner.decode(slots, chunk), f"decoder {label} 16x4", device)
+                for slot in slots:
+                    runner.release(slot)
     results["timings"][f"decoder_{label}_call_ms"] = timings
-    print(f"[gpu_checks] decoder {label} eager call ms (rows x frames): {json.dumps(timings)}", flush=True)
-    if device.type == "cuda":
-        try_decoder_graph(decoder, device)
-
-
-def try_decoder_graph(decoder, device: torch.device) -> None:
-    """Does today's decode_chunk capture as is (one (rows, frames) shape)? Exploratory: a failure is reported."""
-    rows, frames = 4, 4
-    state = decoder.new_stream_state(rows)
-    chunk = torch.zeros(rows, decoder.cfg.num_quantizers, frames, dtype=torch.long, device=device)
-    try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            decoder.decode_chunk(chunk, state)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = decoder.decode_chunk(chunk, state)
-        graph.replay()
-        sync(device)
-        started = time.perf_counter()
-        for _ in range(50):
-            graph.replay()
-        sync(device)
-        ms = (time.perf_counter() - started) / 50 * 1e3
-        results["timings"]["decoder_graph_4x4_ms"] = ms
-        print(f"[gpu_checks] decoder captured as is: 4x4 replay {ms:.3f} ms, out {tuple(out.shape)}", flush=True)
-    except Exception as e:  # noqa: BLE001 - exploratory: what breaks is the finding
-        results["timings"]["decoder_graph_error"] = f"{type(e).__name__}: {e}"[:2000]
-        print(f"[gpu_checks] decoder capture failed: {type(e).__name__}: {str(e)[:500]}", flush=True)
+    print(f"[gpu_checks] decoder {label} call ms (rows x frames): {json.dumps(timings)}", flush=True)
 
 
 def main() -> int:

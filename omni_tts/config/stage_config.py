@@ -90,6 +90,8 @@ class Code2WavStageConfig(_Config):
     # decoder calls that run at once, each on its own thread with `threads` torch threads, each within the frame
     # budget; None = 1, plus a lane per code2wav-sized share of the talker's cores when both stages use the CPU
     lanes: PositiveInt | None = None
+    # CUDA: decoder calls replay CUDA graphs captured at start-up (one lane); true runs them eagerly (as on the CPU)
+    enforce_eager: bool = False
 
 
 class StagesConfig(_Config):

@@ -1,6 +1,7 @@
 """Stage 1: codec frames → audio with the exact stateful streaming decoder, batched across requests.
 
-Each registered request owns a `DecodingRequest` (its `DecoderStreamState`). A step is schedule → decode →
+Each registered request owns a `DecodingRequest`: a slot of the runner's decoder-state pool (`code2wav_runner.py`,
+eager or CUDA graphs). A step is schedule → decode →
 postprocess: the scheduler (`code2wav_scheduler.py`) picks pieces of chunks by playback deadline within the per-call
 frame budget, pieces of equal length share one batched decoder call (rows at different stream offsets), and each piece
 returns only its new samples; a chunk split across steps is sent whole once its last piece is decoded. Context pieces
@@ -19,9 +20,9 @@ import numpy as np
 import torch
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
+from .code2wav_runner import Code2WavRunner
 from .code2wav_scheduler import CodecChunk, Code2WavScheduler, ScheduledPiece
 
 __all__ = ["AudioOutput", "CodecChunk", "Code2WavEngine", "DecodingRequest", "measure_frame_budget"]
@@ -37,8 +38,8 @@ CALIBRATION_REPEATS = 2  # best of: interference from other processes only ever 
 
 @dataclass
 class DecodingRequest:
-    """One request's decoder state, and the audio of a chunk split across steps (it leaves whole, as cut)."""
-    stream: DecoderStreamState
+    """One request's slot of decoder state, and the audio of a chunk split across steps (it leaves whole, as cut)."""
+    slot: int
     partial_audio: list[np.ndarray] = field(default_factory=list)
 
 
@@ -53,13 +54,16 @@ class Code2WavEngine:
     """Owns the decoder and one stream state per request; a `Code2WavScheduler` picks each step's pieces.
 
     `frame_budget` bounds each decoder call (one lane's, frames summed over its rows); None means no budget
-    (benchmarks time whole batches of chunks).
+    (benchmarks time whole batches of chunks). `runner` defaults to the dynamic-shape eager runner; a static-shape
+    one (CUDA graphs) shares its buffers across calls, so it takes one lane.
     """
 
     def __init__(self, decoder: SpeechDecoder, max_batch_size: int, frame_budget: int | None = None,
-                 lanes: int = 1) -> None:
+                 lanes: int = 1, runner: Code2WavRunner | None = None) -> None:
         self.decoder = decoder
-        self.device = decoder.pre_conv.conv.weight.device
+        self.runner = runner or Code2WavRunner(decoder, max_batch_size)
+        if self.runner.static_shapes and lanes > 1:
+            raise ValueError("a static-shape decoder runner shares its buffers across calls: use one lane")
         self.scheduler = Code2WavScheduler(max_batch_size, frame_budget,
                                            decoder.samples_per_frame / SAMPLE_RATE, lanes)
         # lane 0 decodes on the caller's thread; torch ops release the GIL, so the lanes' calls overlap
@@ -70,7 +74,7 @@ class Code2WavEngine:
     def add_request(self, request_id: str) -> None:
         """Pre-register (allocates the stream state) before the first chunk arrives."""
         if request_id not in self.requests:
-            self.requests[request_id] = DecodingRequest(self.decoder.new_stream_state(1))
+            self.requests[request_id] = DecodingRequest(self.runner.allocate())
             self.scheduler.add_request(request_id, time.monotonic())
 
     def add_chunk(self, request_id: str, chunk: CodecChunk) -> bool:
@@ -86,7 +90,11 @@ class Code2WavEngine:
 
     def abort(self, request_id: str) -> bool:
         self.scheduler.abort(request_id)
-        return self.requests.pop(request_id, None) is not None
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.runner.release(request.slot)
+        return True
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -99,7 +107,9 @@ class Code2WavEngine:
         outputs = []
         for piece, samples in zip(batch, audio):
             rid = piece.request_id
-            request = self.requests.pop(rid) if piece.is_last else self.requests[rid]
+            request = self.requests[rid]
+            if piece.is_last:
+                self.runner.release(self.requests.pop(rid).slot)
             if piece.chunk.is_context:  # primes the state; emits only the end marker of a context-only request
                 if piece.is_last:
                     outputs.append(AudioOutput(rid, np.zeros(0, np.float32), True))
@@ -124,30 +134,24 @@ class Code2WavEngine:
         results = [self._decode_lane(batch, calls[0])] if calls else []
         results += [future.result() for future in others]
         for lane in results:
-            for i, samples, row_state in lane:
-                self.requests[batch[i].request_id].stream = row_state
+            for i, samples in lane:
                 audio[i] = samples
         return audio
 
-    @torch.inference_mode()  # per thread: a lane thread enters it itself
-    def _decode_lane(self, batch: list[ScheduledPiece], calls: list[list[int]]
-                     ) -> list[tuple[int, np.ndarray, DecoderStreamState]]:
-        """One lane's decoder calls in turn: (batch index, new samples, advanced state) per piece."""
+    def _decode_lane(self, batch: list[ScheduledPiece], calls: list[list[int]]) -> list[tuple[int, np.ndarray]]:
+        """One lane's decoder calls in turn: (batch index, new samples) per piece."""
         out = []
         for rows in calls:
-            codes = torch.from_numpy(np.stack([batch[i].codes for i in rows]).astype(np.int64))
-            codes = codes.transpose(1, 2).to(self.device)                           # [B, 16, F]
-            state = DecoderStreamState.stack([self.requests[batch[i].request_id].stream for i in rows])
-            wav = self.decoder.decode_chunk(codes, state).float().cpu().numpy()     # [B, F * samples_per_frame]
-            out += zip(rows, wav, state.unbind())
+            codes = np.stack([batch[i].codes for i in rows]).astype(np.int64)             # [B, F, 16]
+            slots = [self.requests[batch[i].request_id].slot for i in rows]
+            out += zip(rows, self.runner.decode(slots, codes))
         return out
 
 
-@torch.inference_mode()
-def measure_frame_budget(decoder: SpeechDecoder, chunk_frames: int, max_rows: int) -> int:
+def measure_frame_budget(runner: Code2WavRunner, chunk_frames: int, max_rows: int) -> int:
     """Frames per decoder call (summed over the batch) for this device: where the per-frame cost stops improving.
 
-    Times one call on throwaway stream states (best of CALIBRATION_REPEATS, including the copy to the host) for
+    Times one call of the runner (eager or graphs) on throwaway streams (best of CALIBRATION_REPEATS, including the copy to the host) for
     the shapes steps run: one row of 1, 2, 4, ... frames below `chunk_frames`, then 1, 2, 4, ... up to `max_rows`
     rows of `chunk_frames`. Growing stops once two sizes in a row did not lower the best per-frame cost, or when
     the next size would overrun MAX_CALIBRATION_SECONDS. The budget is the smallest size whose per-frame cost is
@@ -157,7 +161,7 @@ def measure_frame_budget(decoder: SpeechDecoder, chunk_frames: int, max_rows: in
     shapes = [(1, 2 ** k) for k in range(chunk_frames.bit_length()) if 2 ** k < chunk_frames]
     shapes += [(2 ** k, chunk_frames) for k in range(max_rows.bit_length()) if 2 ** k < max_rows]
     shapes.append((max_rows, chunk_frames))
-    _time_decode(decoder, 1, 1)  # warm-up: first-call allocations and thread start-up
+    _time_decode(runner, 1, 1)  # warm-up: first-call allocations and thread start-up
     started = time.perf_counter()
     cost: dict[int, float] = {}  # seconds per frame by frames per call
     num_worse = 0
@@ -167,7 +171,7 @@ def measure_frame_budget(decoder: SpeechDecoder, chunk_frames: int, max_rows: in
         # predicted at the best per-frame cost so far (it falls with size until the knee)
         if cost and time.perf_counter() - started + CALIBRATION_REPEATS * best * num_frames > MAX_CALIBRATION_SECONDS:
             break
-        seconds = min(_time_decode(decoder, rows, frames) for _ in range(CALIBRATION_REPEATS))
+        seconds = min(_time_decode(runner, rows, frames) for _ in range(CALIBRATION_REPEATS))
         cost[num_frames] = seconds / num_frames
         num_worse = 0 if cost[num_frames] < best else num_worse + 1
         if num_worse == 2:
@@ -178,9 +182,12 @@ def measure_frame_budget(decoder: SpeechDecoder, chunk_frames: int, max_rows: in
     return min(n for n, c in cost.items() if c <= BUDGET_COST_TOLERANCE * best)
 
 
-def _time_decode(decoder: SpeechDecoder, rows: int, frames: int) -> float:
-    state = decoder.new_stream_state(rows)
-    codes = torch.zeros(rows, decoder.cfg.num_quantizers, frames, dtype=torch.long, device=state.position.device)
+def _time_decode(runner: Code2WavRunner, rows: int, frames: int) -> float:
+    slots = [runner.allocate() for _ in range(rows)]
+    codes = np.zeros((rows, frames, runner.decoder.cfg.num_quantizers), dtype=np.int64)
     started = time.perf_counter()
-    decoder.decode_chunk(codes, state).cpu()
-    return time.perf_counter() - started
+    runner.decode(slots, codes)
+    seconds = time.perf_counter() - started
+    for slot in slots:
+        runner.release(slot)
+    return seconds

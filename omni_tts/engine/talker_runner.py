@@ -22,17 +22,12 @@ from omni_tts.models.qwen3_tts.layers import KVCache
 from omni_tts.models.qwen3_tts.sampling import BatchSampler
 from omni_tts.models.qwen3_tts.talker import Talker
 
+from .buckets import batch_buckets, bucket
 from .talker_scheduler import RowMove, TalkerRequest
 
 logger = logging.getLogger(__name__)
 
 MIN_SLOT_BUCKET = 256
-
-
-def batch_buckets(max_rows: int) -> list[int]:
-    """1, 2, 4, 8, then every 8 up to max_rows (padding wastes at most 7 rows of a large batch)."""
-    small = [b for b in (1, 2, 4, 8) if b < max_rows]
-    return small + list(range(16, max_rows, 8)) + [max_rows]
 
 
 def slot_buckets(max_model_len: int) -> list[int]:
@@ -44,15 +39,11 @@ def slot_buckets(max_model_len: int) -> list[int]:
     return buckets + [max_model_len]
 
 
-def _bucket(buckets: list[int], n: int) -> int:
-    return next(b for b in buckets if b >= n)
-
-
 def _num_buffer_rows(max_rows: int, static_shapes: bool) -> int:
     """Rows of the device buffers: max_rows, plus what a bucket pads a batch with beyond its rows (so padding
     never reaches a parked row), at least one (a parked row moves back to row B even when all rows are in use)."""
     buckets = batch_buckets(max_rows)
-    padding = max(_bucket(buckets, b) - b for b in range(1, max_rows + 1)) if static_shapes else 0
+    padding = max(bucket(buckets, b) - b for b in range(1, max_rows + 1)) if static_shapes else 0
     return max_rows + max(padding, 1)
 
 
@@ -121,7 +112,7 @@ class TalkerRunner:
     def decode(self, num_rows: int, num_slots: int) -> np.ndarray:
         """One step for rows 0..num_rows-1 attending over num_slots slots; returns their [num_rows, 17] tokens."""
         if self.static_shapes:
-            key = (_bucket(self.batch_buckets, num_rows), _bucket(self.slot_buckets, num_slots))
+            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots))
             graph = self.graphs.get(key)
             if graph is not None:
                 graph.replay()

@@ -200,9 +200,10 @@ class StageSupervisor:
                                  initial_chunk_frames=conn.initial_codec_chunk_frames,
                                  chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
                                  log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
+                                 enforce_eager=cfg.enforce_eager,
                                  **({"max_model_len": cfg.max_model_len,
                                      "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
-                                     "max_text_tokens": cfg.max_text_tokens, "enforce_eager": cfg.enforce_eager}
+                                     "max_text_tokens": cfg.max_text_tokens}
                                     if name == "talker"
                                     else {"frame_budget": cfg.frame_budget,
                                           "lanes": code2wav_lanes(self.pipeline, self.threads)}))

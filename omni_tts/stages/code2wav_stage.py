@@ -20,6 +20,7 @@ import torch
 
 from omni_tts.connectors.kinds import chunk_reader
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_frame_budget
+from omni_tts.engine.code2wav_runner import Code2WavRunner
 from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
 from .common import StageIO, run_stage
@@ -35,12 +36,13 @@ _RECENTLY_ABORTED = 4096  # their chunks still in flight are dropped at once, no
 class Code2WavStage:
     def __init__(self, launch: StageLaunch) -> None:
         decoder = load_speech_decoder(launch.model_dir, launch.device, getattr(torch, launch.dtype))
+        runner = Code2WavRunner(decoder, launch.max_batch_size, cuda_graphs=not launch.enforce_eager)
         frame_budget = launch.frame_budget
         if frame_budget is None:
-            frame_budget = measure_frame_budget(decoder, launch.chunk_frames, launch.max_batch_size)
+            frame_budget = measure_frame_budget(runner, launch.chunk_frames, launch.max_batch_size)
         logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
                     "measured" if launch.frame_budget is None else "configured", launch.lanes)
-        self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes)
+        self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes, runner)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop

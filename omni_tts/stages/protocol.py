@@ -147,7 +147,7 @@ class StageLaunch(msgspec.Struct):
     max_model_len: int = 2048
     max_prefill_tokens_per_step: int = 512
     max_text_tokens: int = 1024
-    enforce_eager: bool = False      # talker: no CUDA graphs
+    enforce_eager: bool = False      # no CUDA graphs (talker step, decoder calls)
     threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     frame_budget: int | None = None  # code2wav: frames per decoder call (each lane's); None = measured at start

@@ -13,6 +13,7 @@ import zmq
 from conftest import FIXTURES, load_component
 from omni_tts.connectors.shm_ring import RingOwner
 from omni_tts.engine.code2wav_engine import Code2WavEngine, measure_frame_budget
+from omni_tts.engine.code2wav_runner import Code2WavRunner
 from omni_tts.engine.code2wav_scheduler import CodecChunk, Code2WavScheduler
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
@@ -189,13 +190,17 @@ def decoder() -> SpeechDecoder:
     return load_component(lambda: SpeechDecoder(cfg), variant / "speech_tokenizer", "decoder.")
 
 
-@pytest.mark.parametrize("frame_budget,lanes", [(None, 1), (3, 1), (16, 1), (3, 2), (5, 3)])
-def test_engine_audio_equals_one_pass_decode(decoder, frame_budget, lanes):
+@pytest.mark.parametrize("frame_budget,lanes,static", [(None, 1, False), (3, 1, False), (16, 1, False), (3, 2, False),
+                                                       (5, 3, False), (None, 1, True), (16, 1, True)])
+def test_engine_audio_equals_one_pass_decode(decoder, frame_budget, lanes, static):
+    """Streams at staggered offsets, chunks split by the budget, ICL context, lanes at once; static: the runner's
+    bucketed rows and frame sizes (what CUDA graphs replay), run eagerly."""
     rng = np.random.default_rng(0)
     schedules = [[2, 25, 25, 3], [1, 7], [25], [2, 25, 0], [5, 5, 5, 5, 5], [2, 9, 25, 25, 1], [3], [2, 14, 25, 8],
                  [2, 2, 2], [25, 25], [6, 1, 1, 1], [2, 25, 25, 25]]
     context = {1: 11, 7: 30}               # ICL requests: reference codes first, decoded but not emitted
-    engine = Code2WavEngine(decoder, max_batch_size=4, frame_budget=frame_budget, lanes=lanes)
+    engine = Code2WavEngine(decoder, max_batch_size=4, frame_budget=frame_budget, lanes=lanes,
+                            runner=Code2WavRunner(decoder, 4, capacity=2, static_shapes=static))
     codes = {i: rng.integers(0, decoder.cfg.codebook_size, (context.get(i, 0) + sum(s), 16))
              for i, s in enumerate(schedules)}
     queued = {i: 0 for i in codes}
@@ -250,7 +255,7 @@ def test_engine_refuses_codes_the_decoder_cannot_look_up(decoder, bad):
 
 def test_calibration_returns_a_positive_budget_quickly(decoder):
     started = time.perf_counter()
-    budget = measure_frame_budget(decoder, chunk_frames=25, max_rows=32)
+    budget = measure_frame_budget(Code2WavRunner(decoder, 32), chunk_frames=25, max_rows=32)
     elapsed = time.perf_counter() - started
     assert isinstance(budget, int) and 1 <= budget <= 32 * 25
     assert elapsed < 3.0                   # MAX_CALIBRATION_SECONDS = 1 s, plus the warm-up and one size's overrun

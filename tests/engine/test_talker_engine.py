@@ -10,7 +10,8 @@ import pytest
 from conftest import FIXTURES
 from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
-from omni_tts.engine.talker_runner import batch_buckets, slot_buckets
+from omni_tts.engine.buckets import batch_buckets
+from omni_tts.engine.talker_runner import slot_buckets
 from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest

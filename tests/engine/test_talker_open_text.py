@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURES
 from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
-from omni_tts.engine.talker_runner import _bucket
+from omni_tts.engine.buckets import bucket
 from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
@@ -123,7 +123,7 @@ def checked_decode(engine: TalkerEngine, most_parked: list[int]):
 
     def run_decode(num_rows: int, num_slots: int):
         assert num_rows == len(scheduler.running)
-        computed = _bucket(runner.batch_buckets, num_rows) if runner.static_shapes else num_rows
+        computed = bucket(runner.batch_buckets, num_rows) if runner.static_shapes else num_rows
         assert computed <= runner.num_buffer_rows - len(scheduler.parked)
         most_parked[0] = max(most_parked[0], len(scheduler.parked))
         return decode(num_rows, num_slots)

@@ -16,7 +16,6 @@ from omni_tts.models.qwen3_tts.random_model import randomize_speech_tokenizer
 from omni_tts.models.qwen3_tts.weights import WeightsError, load_strict, read_tensors, safetensors_files
 
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
-from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
@@ -197,21 +196,20 @@ def test_batched_streaming_staggered_requests(which):
     # request r joins at step starts[r] and runs steps[r] chunks of f frames; offsets differ at every step
     starts, steps = [0, 3, 17], [30, 20, 10]
     codes = [random_codes(model, 1, steps[r] * f, seed=10 + r) for r in range(3)]
-    states: dict[int, DecoderStreamState] = {}
+    pool = model.new_stream_state(3)   # a slot per request, as code2wav's runner keeps them
     outputs: dict[int, list[torch.Tensor]] = {r: [] for r in range(3)}
     saw_distinct_offsets = False
     for step in range(max(s + n for s, n in zip(starts, steps))):
         active = [r for r in range(3) if starts[r] <= step < starts[r] + steps[r]]
-        for r in active:
-            states.setdefault(r, model.new_stream_state(1))
-        batch = DecoderStreamState.stack([states[r] for r in active])
+        index = torch.tensor(active)
+        batch = pool.gather(index)
         chunk = torch.cat([codes[r][..., (step - starts[r]) * f:(step - starts[r] + 1) * f] for r in active])
         offsets = batch.position.tolist()
         saw_distinct_offsets |= len(active) == 3 and len(set(offsets)) == 3 and max(offsets) > 72
         wav = model.decode_chunk(chunk, batch)
         assert wav.shape == (len(active), f * spf)
-        for r, s, w in zip(active, batch.unbind(), wav):
-            states[r] = s
+        pool.scatter(index, batch)
+        for r, w in zip(active, wav):
             outputs[r].append(w)
     assert saw_distinct_offsets
     for r in range(3):
@@ -220,19 +218,23 @@ def test_batched_streaming_staggered_requests(which):
         assert err < STREAM_ATOL, f"request {r}: {err}"
 
 
-def test_state_stack_unbind_roundtrip():
+def test_state_gather_scatter_and_row_views():
     model = tiny()
-    a, b = model.new_stream_state(1), model.new_stream_state(2)
-    model.decode_chunk(random_codes(model, 1, 3, seed=5), a)
-    model.decode_chunk(random_codes(model, 2, 11, seed=6), b)
-    stacked = DecoderStreamState.stack([a, b])
-    assert stacked.batch_size == 3 and stacked.position.tolist() == [3, 11, 11]
-    parts = stacked.unbind()
-    assert [p.batch_size for p in parts] == [1, 1, 1]
-    for x, y in zip(parts[0].conv + parts[0].keys, a.conv + a.keys):
-        assert torch.equal(x, y)
-    parts[1].keys[0].fill_(7.0)  # copies: no aliasing with the batch
-    assert not torch.equal(stacked.keys[0][1], parts[1].keys[0][0])
+    pool = model.new_stream_state(3)
+    model.decode_chunk(random_codes(model, 1, 3, seed=5), pool.rows(0, 1))     # a view: decodes in place
+    model.decode_chunk(random_codes(model, 2, 11, seed=6), pool.rows(1, 3))
+    assert pool.position.tolist() == [3, 11, 11]
+    batch = pool.gather(torch.tensor([2, 0]))
+    assert batch.batch_size == 2 and batch.position.tolist() == [11, 3]
+    for x, y in zip(batch.conv + batch.keys, pool.conv + pool.keys):
+        assert torch.equal(x[1], y[0])
+    batch.keys[0].fill_(7.0)   # a copy: no aliasing with the pool until scattered back
+    assert not torch.equal(pool.keys[0][2], batch.keys[0][0])
+    pool.scatter(torch.tensor([2, 0]), batch)
+    assert torch.equal(pool.keys[0][2], batch.keys[0][0]) and torch.equal(pool.keys[0][0], batch.keys[0][1])
+    fixed = model.new_stream_state(2)
+    pool.gather_into(torch.tensor([1, 2]), fixed)
+    assert fixed.position.tolist() == [11, 11]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ What each layer keeps between chunks:
   - attention layer: the last `sliding_window - 1` rotated keys / values (the window includes the current frame),
     right-aligned in a fixed-size buffer; slots before the start of the stream are masked out;
   - `position`: frames already decoded per request, i.e. the absolute RoPE position of the next frame.
-All state tensors are batch-first and fixed-size, and are updated in place, so states of requests at different
-stream offsets can be stacked into one batch (`DecoderStreamState.stack`) and split again (`unbind`).
+All state tensors are batch-first and fixed-size, and are updated in place, so one state can hold many streams (a
+pool of slots) and streams at different offsets can be gathered into one batch and scattered back.
 """
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ class DecoderStreamState:
     def batch_size(self) -> int:
         return self.position.shape[0]
 
-    def _tensors(self) -> list[Tensor]:
+    def tensors(self) -> list[Tensor]:
+        """Every state tensor, in a fixed order (the same for states of one decoder)."""
         return [self.position, *self.conv, *self.overlap, *self.keys, *self.values]
 
     def _from_tensors(self, tensors: list[Tensor]) -> "DecoderStreamState":
-        """A state of the same layout as `self` holding `tensors` (in `_tensors` order)."""
+        """A state of the same layout as `self` holding `tensors` (in `tensors()` order)."""
         it = iter(tensors)
         position = next(it)
         conv = [next(it) for _ in self.conv]
@@ -48,18 +49,20 @@ class DecoderStreamState:
         values = [next(it) for _ in self.values]
         return DecoderStreamState(position, conv, overlap, keys, values)
 
-    @staticmethod
-    def stack(states: list["DecoderStreamState"]) -> "DecoderStreamState":
-        """Concatenate the states of several requests (any stream offsets) into one batch; copies."""
-        if not states:
-            raise ValueError("DecoderStreamState.stack needs at least one state")
-        columns = zip(*(s._tensors() for s in states))
-        return states[0]._from_tensors([torch.cat(column, dim=0) for column in columns])
+    def rows(self, start: int, end: int) -> "DecoderStreamState":
+        """Rows start..end-1 as views: decoding on them updates this state in place."""
+        return self._from_tensors([t[start:end] for t in self.tensors()])
 
-    def unbind(self) -> list["DecoderStreamState"]:
-        """Split a batched state into independent batch-1 states (copies, so the batch can be freed)."""
-        return [self.select(i) for i in range(self.batch_size)]
+    def gather(self, index: Tensor) -> "DecoderStreamState":
+        """The rows at `index` ([n] int64 on the state's device), copied into a new batch."""
+        return self._from_tensors([t.index_select(0, index) for t in self.tensors()])
 
-    def select(self, i: int) -> "DecoderStreamState":
-        """Row `i` as an independent batch-1 state (a copy)."""
-        return self._from_tensors([t[i:i + 1].clone() for t in self._tensors()])
+    def gather_into(self, index: Tensor, batch: "DecoderStreamState") -> None:
+        """The rows at `index` copied into `batch` (a state of index's length: fixed buffers stay in place)."""
+        for mine, theirs in zip(self.tensors(), batch.tensors()):
+            torch.index_select(mine, 0, index, out=theirs)
+
+    def scatter(self, index: Tensor, batch: "DecoderStreamState") -> None:
+        """Write `batch`'s rows back to this state's rows at `index` (what `gather` took, advanced)."""
+        for mine, theirs in zip(self.tensors(), batch.tensors()):
+            mine.index_copy_(0, index, theirs)
