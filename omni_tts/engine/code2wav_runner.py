@@ -18,7 +18,6 @@ import logging
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.decoder_state import DecoderStreamState
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .buckets import batch_buckets, bucket
