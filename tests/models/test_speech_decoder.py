@@ -17,6 +17,7 @@ from omni_tts.models.qwen3_tts.weights import WeightsError, load_strict, read_te
 
 from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
+from omni_tts.models.qwen3_tts import decoder_convs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 CASES = FIXTURES / "cases"
@@ -105,6 +106,20 @@ def test_one_pass_420_frames_matches_reference():
     assert (wav[0] - case["wav_full"]).abs().max().item() <= GOLDEN_ATOL
     # the memory-bounded one-pass (internally streamed) is the same decode
     assert (tiny()(codes, chunk_frames=128) - wav).abs().max().item() < STREAM_ATOL
+
+
+def test_gpu_formulation_on_the_cpu_matches_reference(monkeypatch):
+    """The plain ops a GPU runs instead of the CPU-only formulations (decoder_convs.CPU_KERNELS), forced on the CPU:
+    the golden audio, and the CPU formulation's audio, one pass and streamed."""
+    case = load_file(str(CASES / "decoder_420_frames.safetensors"))
+    codes = case["codes"].T[None].contiguous()[..., :120]
+    model = tiny()
+    cpu = model(codes, chunk_frames=7)
+    monkeypatch.setattr(decoder_convs, "CPU_KERNELS", False)
+    plain = model(codes)
+    assert (plain[0] - case["wav_full"][:120 * 1920]).abs().max().item() <= GOLDEN_ATOL
+    assert (model(codes, chunk_frames=7) - cpu).abs().max().item() < STREAM_ATOL
+    assert (plain - cpu).abs().max().item() < STREAM_ATOL
 
 
 def _case_rows():

@@ -9,6 +9,17 @@ from torch import Tensor, nn
 
 from .decoder_state import DecoderStreamState
 
+# Three formulations here exist for the CPU only, each measured faster there (`docs/benchmarks.md`): the waveform
+# conv as shifted GEMMs, numpy's SIMD sin in SnakeBeta, channels-last residual units. A GPU runs the plain ops (cuDNN
+# and fused elementwise kernels have no such slow paths, and the plain ops are what a CUDA graph captures). Tests set
+# this False to run the GPU's formulation on the CPU and check the two agree.
+CPU_KERNELS = True
+
+
+def cpu_kernels(x: Tensor) -> bool:
+    """Whether the CPU-only formulations apply to x."""
+    return CPU_KERNELS and x.device.type == "cpu"
+
 
 class CausalConv1d(nn.Module):
     """Conv1d left-padded by (k-1)*d; the padding is the carried history (zeros at the start of a stream)."""
@@ -33,7 +44,7 @@ class CausalConv1d(nn.Module):
                 return F.linear(x.permute(0, 2, 3, 1), conv.weight[:, :, 0], conv.bias).permute(0, 3, 1, 2)
             weight = conv.weight[:, :, None].contiguous(memory_format=torch.channels_last)
             return F.conv2d(x, weight, conv.bias, dilation=(1, conv.dilation[0]), groups=conv.groups)
-        if conv.out_channels == 1 and x.device.type == "cpu":
+        if conv.out_channels == 1 and cpu_kernels(x):
             return self._to_one_channel(x)
         return conv(x)
 
@@ -113,7 +124,7 @@ class SnakeBeta(nn.Module):
         alpha = torch.exp(self.alpha).view(per_channel)
         scale = 1.0 / (torch.exp(self.beta).view(per_channel) + 1e-9)
         y = x * alpha
-        if y.device.type == "cpu" and y.dtype == torch.float32:
+        if cpu_kernels(y) and y.dtype == torch.float32:
             # numpy's float32 sin is SIMD, torch's CPU sin is not, and this sin is a sizeable share of a decoder
             # call (`docs/benchmarks.md`); the two differ by at most one unit in the last place
             samples = y.numpy()
@@ -183,7 +194,7 @@ class DecoderBlock(nn.Module):
     def forward(self, x: Tensor, state: DecoderStreamState) -> Tensor:
         # x: [B, in_dim, n] -> [B, out_dim, n*rate]
         x = self.block[1](self.block[0](x), state)
-        channels_last = self.channels_last and x.device.type == "cpu"
+        channels_last = self.channels_last and cpu_kernels(x)
         if channels_last:
             x = x[:, :, None].contiguous(memory_format=torch.channels_last)
         for unit in self.block[2:]:
