@@ -16,7 +16,7 @@
 #     msgspec pyzmq soundfile soxr cffi pycparser
 #
 # Settings (environment): RESULT_DIR (default benchmarks/results/gpu-first-run-<UTC time>); PRESETS (default
-# "0.6b 1.7b"; the first is also gpu_checks.py's real-size model); DTYPE (bfloat16); DEADLINE_S (default 530: levels
+# "0.6b 1.7b"); CHECK_PRESET (gpu_checks.py's real-size model; default the first of PRESETS); DTYPE (bfloat16); DEADLINE_S (default 530: levels
 # of the suite that would start after it are skipped, so the report is written within 9 minutes); CHECKS=0 skips
 # step 1 (a rerun after the checks passed); every gpu_suite.sh
 # setting passes through (CONCURRENCY, RATES, MAX_NEW_TOKENS, ...).
@@ -72,7 +72,7 @@ export PRESETS DTYPE
 
 # --- 1. correctness -----------------------------------------------------------------------------------------------
 cache=${OMNI_TTS_CACHE:-$HOME/.cache/omni_tts}
-first=${PRESETS%% *}
+first=${CHECK_PRESET:-${PRESETS%% *}}
 model_args=()
 if [ "$first" != tiny ]; then
   model=$cache/$first-custom-voice-seed0$([ "$DTYPE" = float32 ] || echo "-$DTYPE")   # as gpu_suite.sh names it
