@@ -108,14 +108,19 @@ def run(tts, engine, requests, stagger, abort=None):
     return {i: np.array(f) for i, f in frames.items()}
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_static_shape_step_equals_dynamic_step(temperature):
+@pytest.mark.parametrize("temperature,top_k_off", [(0.0, ()), (0.9, ()), (0.9, (1, 2, 4))])
+def test_static_shape_step_equals_dynamic_step(temperature, top_k_off):
     """Bucketed rows (padding rows in free slots) and bucketed attention slots give the dynamic path's codes,
-    greedy and seeded sampling alike, with requests joining, finishing and being aborted mid-run."""
+    greedy and seeded sampling alike, with requests joining, finishing and being aborted mid-run. Requests
+    `top_k_off` sample over the sorted vocabulary (request 2 in its code predictor only): while one runs, the
+    static step takes every sampling path, otherwise the candidates only."""
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     voices = ["ryan", "vivian", "serena", "aiden", "sohee", "eric", "dylan"]
+    off = {1: dict(temperature=0.9, top_k=0), 2: dict(subtalker_temperature=0.8, subtalker_top_k=0),
+           4: dict(temperature=0.9, top_k=0, subtalker_top_k=100)}
     requests = [SynthesisRequest(text=f"Sentence {i}: the quick brown fox jumps.", voice=v, sampling=SamplingParams(
-        temperature=temperature, seed=100 + i, max_new_tokens=12 + 5 * i)) for i, v in enumerate(voices)]
+        **{"temperature": temperature, "seed": 100 + i, "max_new_tokens": 12 + 5 * i,
+           **(off[i] if i in top_k_off else {})})) for i, v in enumerate(voices)]
     results = []
     for static in (False, True):
         engine = TalkerEngine(tts.talker, tts.config, 8, 300, 512, 64, static_shapes=static)
@@ -125,3 +130,4 @@ def test_static_shape_step_equals_dynamic_step(temperature):
     for i in dynamic:
         assert len(dynamic[i]) > 0
         np.testing.assert_array_equal(static[i], dynamic[i])
+
