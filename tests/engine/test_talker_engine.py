@@ -2,6 +2,7 @@
 the dynamic one on CPU."""
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,9 @@ from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
+from bench_step_ops import CASES, step_ops  # noqa: E402
 
 EOS = 2150
 
@@ -131,3 +135,11 @@ def test_static_shape_step_equals_dynamic_step(temperature, top_k_off):
         assert len(dynamic[i]) > 0
         np.testing.assert_array_equal(static[i], dynamic[i])
 
+
+def test_a_step_whose_rows_keep_a_small_top_k_skips_the_sorted_vocabulary():
+    """The static step (what a graph replays) picks its sampling path set from the rows: with every row at the
+    default top-k it runs fewer ops than with the sorted vocabulary's path, and greedy rows run the same step."""
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    counts = {name: step_ops(tts, 8, sampling).totals() for name, sampling in CASES.items()}
+    assert counts["top-k 50"] == counts["greedy"]
+    assert counts["top-k 50"][1] < counts["top-k off"][1]
