@@ -1,11 +1,11 @@
 """How many aten ops one static-shape talker step runs on the CPU: what a CUDA graph of it replays as kernels.
 
-    PYTHONPATH=$PWD python benchmarks/bench_step_ops.py [--rows 8] [--checkpoint tests/fixtures/qwen3_tts/tiny-custom-voice]
+    PYTHONPATH=$PWD python benchmarks/bench_step_ops.py [--rows 8] [--checkpoint DIR] [--top N]
 
-For each sampling case (greedy; top-k 50, the checkpoints' default, which the candidates path serves; top-k off,
-which needs the sorted vocabulary too) it prefills `rows` requests and counts the ops of one `decode` with
-static_shapes=True (the eager twin of the captured step), all ops and those that are not views (a view launches no
-kernel). Prints one Markdown table; the figures go in docs/benchmarks.md, not in code.
+The checkpoint defaults to the tiny fixture. For each sampling case (greedy; top-k 50, the checkpoints' default,
+which the candidates path serves; top-k off, which needs the sorted vocabulary too) it prefills `rows` requests and
+counts the ops of one `decode` with static_shapes=True (the eager twin of the captured step), all ops and those that
+are not views (a view launches no kernel). Prints one Markdown table; the figures go in docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ is what a CUDA graph needs. A static step cannot branch on its rows' parameters,
 sets (STATIC_PATHS), picked per step from the rows' host-side parameters: candidates only (every sampled row keeps
 a small top-k, the checkpoints' default) or every path. On CUDA one graph per (rows, slots) bucket and path set is
 captured at start-up — talker step, all 15 code-predictor steps and sampling — and replayed; on CPU the same
-static path runs eagerly (tested to give the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync. The buffers hold
-`num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows (waiting for text) live at the
-top, where no bucket's padding reaches (talker_scheduler.py).
+static path runs eagerly (tested to give the dynamic path's codes). Either way one [B, 17] device→host copy per
+step is the only sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows:
+parked rows (waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
 """
 from __future__ import annotations
 

@@ -51,9 +51,8 @@ def test_server_defaults_come_between_the_request_and_the_checkpoint():
 
 def draw(logits, temperature, top_k, top_p, seeds, counters, stream, paths):
     """warp_and_sample for rows at (seeds, counters) on `stream`."""
-    keys = noise_keys(seeds, counters)[:, stream]
-    return warp_and_sample(logits, Warpers(temperature, top_k, top_p), keys, paths,
-                           VocabTables.of(logits.shape[-1], "cpu"))
+    warpers = Warpers(temperature, top_k, top_p, VocabTables.of(logits.shape[-1], "cpu"))
+    return warp_and_sample(logits, warpers, noise_keys(seeds, counters)[:, stream], paths)
 
 
 def one_row_sampler(params) -> BatchSampler:
@@ -118,9 +117,9 @@ def test_a_small_top_k_samples_among_candidates_as_the_sorted_vocabulary_would()
         top_p = torch.where(torch.rand(64, generator=generator) < 0.5, 1.0,
                             torch.rand(64, generator=generator) * 0.9 + 0.05)
         seeds, counters = torch.randint(0, 2 ** 62, (64,), generator=generator), torch.full((64,), step)
-        keys, tables = noise_keys(seeds, counters)[:, 0], VocabTables.of(3072, "cpu")
-        assert torch.equal(_sample_candidates(scores, top_k, top_p, keys, tables.ranks),
-                           _sample_sorted(scores, top_k, top_p, keys, tables.hashes))
+        keys = noise_keys(seeds, counters)[:, 0]
+        warpers = Warpers(torch.ones(64), top_k, top_p, VocabTables.of(3072, "cpu"))
+        assert torch.equal(_sample_candidates(scores, warpers, keys), _sample_sorted(scores, warpers, keys))
 
 
 def test_a_rows_draw_does_not_depend_on_the_paths_its_batch_needs():

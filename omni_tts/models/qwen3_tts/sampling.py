@@ -79,21 +79,23 @@ def _noise(keys: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class VocabTables:
     """A vocabulary's sampling constants, made once: a captured step replays no kernel that remakes them."""
-    hashes: torch.Tensor   # [1, V] hash_ids of every vocab id: the sorted path's noise input
+    hashes: torch.Tensor   # [V] hash_ids of every vocab id: the noise input of an id on either path
     ranks: torch.Tensor    # [1, min(CANDIDATES, V)] 0, 1, ...: a candidate's rank, best first
 
     @staticmethod
     def of(vocab: int, device: torch.device | str) -> "VocabTables":
-        ids = torch.arange(vocab, device=device)[None]
-        return VocabTables(hash_ids(ids), ids[:, :CANDIDATES].clone())
+        ids = torch.arange(vocab, device=device)
+        return VocabTables(hash_ids(ids), ids[None, :CANDIDATES].clone())
 
 
 class Warpers:
-    """B rows' temperature / top-k / top-p ([B] each) and what every draw derives from them alone: made at the
-    first draw that needs them and shared by the rest (the code predictor draws 15 times per step)."""
+    """B rows' temperature / top-k / top-p ([B] each) over one vocabulary, and what every draw derives from them
+    alone: made at the first draw that needs them and shared by the rest (the code predictor draws 15 times per
+    step with the same rows)."""
 
-    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 tables: VocabTables) -> None:
+        self.temperature, self.top_k, self.top_p, self.tables = temperature, top_k, top_p, tables
 
     @cached_property
     def sampled(self) -> torch.Tensor:
@@ -115,6 +117,28 @@ class Warpers:
         """[B] the row samples over the sorted vocabulary (top-k off or larger)."""
         return self.sampled & ~self.by_candidates
 
+    @cached_property
+    def kth(self) -> torch.Tensor:
+        """[B, 1] the index of the row's k-th best score in the sorted vocabulary (top-k 0 or >= V: the last)."""
+        vocab = self.tables.hashes.shape[0]
+        k = torch.where((self.top_k > 0) & (self.top_k < vocab), self.top_k, torch.full_like(self.top_k, vocab))
+        return (k - 1)[:, None]
+
+    @cached_property
+    def tail_mass(self) -> torch.Tensor:
+        """[B, 1] 1 - top_p: the low tail top-p drops has at most this mass."""
+        return (1 - self.top_p)[:, None]
+
+    @cached_property
+    def beyond_k(self) -> torch.Tensor:
+        """[B, min(CANDIDATES, V)] the candidate's rank is past the row's top-k."""
+        return self.tables.ranks >= self.top_k[:, None]
+
+    @cached_property
+    def cuts_tail(self) -> torch.Tensor:
+        """[B, 1] top-p is on (< 1)."""
+        return (self.top_p < 1)[:, None]
+
 
 @dataclass(frozen=True)
 class SamplingPaths:
@@ -134,10 +158,10 @@ ALL_PATHS = SamplingPaths(True, True)
 STATIC_PATHS = (ALL_PATHS, CANDIDATES_ONLY)    # the path sets of a static-shape step (one graph each)
 
 
-def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, paths: SamplingPaths,
-                    tables: VocabTables) -> torch.Tensor:
-    """logits: [B, V] already penalised/suppressed; warpers: the rows' parameters; keys: [B] the rows' noise keys
-    for this draw (a `noise_keys` column); tables: the vocabulary's constants. Returns ids [B].
+def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, paths: SamplingPaths
+                    ) -> torch.Tensor:
+    """logits: [B, V] already penalised/suppressed; warpers: the rows' parameters over this vocabulary; keys: [B]
+    the rows' noise keys for this draw (a `noise_keys` column). Returns ids [B].
 
     Rows with temperature 0 take the argmax; `paths` skips the work no row needs (GREEDY: all rows greedy). Sampling
     uses the exponential race (argmax p/q with q ~ Exp(1)), which is exactly categorical sampling and needs no host
@@ -147,44 +171,37 @@ def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, 
         return ids
     scores = logits.float() / warpers.divisor
     if paths.full:
-        drawn = _sample_sorted(scores, warpers.top_k, warpers.top_p, keys, tables.hashes)
-        ids = torch.where(warpers.by_sorted, drawn, ids)
+        ids = torch.where(warpers.by_sorted, _sample_sorted(scores, warpers, keys), ids)
     if paths.candidates:
-        drawn = _sample_candidates(scores, warpers.top_k, warpers.top_p, keys, tables.ranks)
-        ids = torch.where(warpers.by_candidates, drawn, ids)
+        ids = torch.where(warpers.by_candidates, _sample_candidates(scores, warpers, keys), ids)
     return ids
 
 
-def _sample_sorted(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor,
-                   hashes: torch.Tensor) -> torch.Tensor:
-    """Any top-k (0 or >= V: off): HF's warpers over the whole sorted vocabulary. hashes: [1, V] `hash_ids`."""
-    vocab = scores.shape[-1]
+def _sample_sorted(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -> torch.Tensor:
+    """Any top-k (0 or >= V: off): HF's warpers over the whole sorted vocabulary."""
     # top-k: keep scores >= the k-th largest
-    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
     sorted_desc = scores.sort(dim=-1, descending=True).values
-    kth = sorted_desc.gather(1, (k - 1)[:, None])
-    scores = scores.masked_fill(scores < kth, float("-inf"))
+    scores = scores.masked_fill(scores < sorted_desc.gather(1, warpers.kth), float("-inf"))
     # top-p (HF order: ascending sort, drop the low tail whose cumulative mass <= 1 - p, always keep the best)
     sorted_asc, order = scores.sort(dim=-1)
     cumulative = sorted_asc.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1 - top_p)[:, None]
+    remove_sorted = cumulative <= warpers.tail_mass
     remove_sorted[:, -1] = False
-    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    # order is a permutation: the scatter writes every cell, so the target needs no zeros first
+    remove = torch.empty_like(remove_sorted).scatter_(1, order, remove_sorted)
     probs = scores.masked_fill(remove, float("-inf")).softmax(dim=-1)
-    return (probs / _noise(keys, hashes)).argmax(dim=-1)
+    return (probs / _noise(keys, warpers.tables.hashes[None])).argmax(dim=-1)
 
 
-def _sample_candidates(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor,
-                       ranks: torch.Tensor) -> torch.Tensor:
+def _sample_candidates(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -> torch.Tensor:
     """0 < top_k <= CANDIDATES: the same warpers over the row's best ids only (exact ties at the k-th score keep
     the lower id, where the sorted path keeps them all). The ascending tail with mass <= 1 - p is, best first,
-    every candidate whose better candidates already hold mass >= p. ranks: [1, min(CANDIDATES, V)]."""
-    values, ids = scores.topk(ranks.shape[-1], dim=-1)                                  # best first
-    values = values.masked_fill(ranks >= top_k[:, None], float("-inf"))
-    probs = values.softmax(dim=-1)
+    every candidate whose better candidates already hold mass >= p."""
+    values, ids = scores.topk(warpers.beyond_k.shape[-1], dim=-1)                      # best first
+    probs = values.masked_fill(warpers.beyond_k, float("-inf")).softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
-    probs = probs.masked_fill((before >= top_p[:, None]) & (top_p < 1)[:, None], 0.0)
-    pick = (probs / _noise(keys, hash_ids(ids))).argmax(dim=-1)
+    probs = probs.masked_fill((before >= warpers.top_p[:, None]) & warpers.cuts_tail, 0.0)
+    pick = (probs / _noise(keys, warpers.tables.hashes[ids])).argmax(dim=-1)
     return ids.gather(1, pick[:, None])[:, 0]
 
 
@@ -258,10 +275,10 @@ class BatchSampler:
         num_generated = self.num_generated[rows]
         too_early = (num_generated < MIN_NEW_TOKENS)[:, None] & self.eos_column
         logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
-        warpers = Warpers(c["temperature"][rows], c["top_k"][rows], c["top_p"][rows])
+        warpers = Warpers(c["temperature"][rows], c["top_k"][rows], c["top_p"][rows], self.talker_tables)
         keys = self.noise_keys(rows) if keys is None else keys
         paths = self._paths(rows, subtalker=False) if paths is None else paths
-        ids = warp_and_sample(logits, warpers, keys[:, 0], paths, self.talker_tables)
+        ids = warp_and_sample(logits, warpers, keys[:, 0], paths)
         self.seen[rows].scatter_(1, ids[:, None], True)
         self.num_generated[rows] += 1
         return ids
@@ -271,10 +288,11 @@ class BatchSampler:
         """The code predictor's draw for codebook j+1 over `rows`: (logits [B, 2048], j) → ids [B], at stream j+1
         of the rows' keys (so no draw shares (counter, stream) with another). paths and keys as in sample_talker."""
         c = self.columns
-        warpers = Warpers(c["subtalker_temperature"][rows], c["subtalker_top_k"][rows], c["subtalker_top_p"][rows])
+        warpers = Warpers(c["subtalker_temperature"][rows], c["subtalker_top_k"][rows], c["subtalker_top_p"][rows],
+                          self.codebook_tables)
         keys = self.noise_keys(rows) if keys is None else keys
         paths = self._paths(rows, subtalker=True) if paths is None else paths
 
         def sample(logits: torch.Tensor, j: int) -> torch.Tensor:
-            return warp_and_sample(logits, warpers, keys[:, j + 1], paths, self.codebook_tables)
+            return warp_and_sample(logits, warpers, keys[:, j + 1], paths)
         return sample
