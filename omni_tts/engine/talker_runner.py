@@ -4,11 +4,13 @@ Each running request owns one row of preallocated buffers: its KV-cache row, las
 trailing-text rows (+ the tts_pad row after them), sampling state, and its slice of the step's output. A decode
 step reads and writes only those buffers, so with a fixed number of rows and attention slots it has fixed
 shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in free rows), which
-is what a CUDA graph needs. On CUDA one graph per (rows, slots) bucket is captured at start-up — talker step,
-all 15 code-predictor steps and sampling — and replayed; on CPU the same static path runs eagerly (tested to give
-the dynamic path's codes). Either way one [B, 17] device→host copy per step is the only sync. The buffers hold
-`num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows (waiting for text) live at the
-top, where no bucket's padding reaches (talker_scheduler.py).
+is what a CUDA graph needs. A static step cannot branch on its rows' parameters, so it comes in two sampling path
+sets (STATIC_PATHS), picked per step from the rows' host-side parameters: candidates only (every sampled row keeps
+a small top-k, the checkpoints' default) or every path. On CUDA one graph per (rows, slots) bucket and path set is
+captured at start-up — talker step, all 15 code-predictor steps and sampling — and replayed; on CPU the same
+static path runs eagerly (tested to give the dynamic path's codes). Either way one [B, 17] device→host copy per
+step is the only sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows:
+parked rows (waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import KVCache
-from omni_tts.models.qwen3_tts.sampling import BatchSampler
+from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .buckets import batch_buckets, bucket
@@ -72,7 +74,7 @@ class TalkerRunner:
         self.sampler = BatchSampler(rows, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, dev)
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, SamplingPaths], torch.cuda.CUDAGraph] = {}
         if self.cuda_graphs:
             self.capture_graphs()
 
@@ -112,24 +114,27 @@ class TalkerRunner:
     def decode(self, num_rows: int, num_slots: int) -> np.ndarray:
         """One step for rows 0..num_rows-1 attending over num_slots slots; returns their [num_rows, 17] tokens."""
         if self.static_shapes:
-            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots))
+            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots),
+                   self.sampler.static_paths(slice(0, num_rows)))
             graph = self.graphs.get(key)
             if graph is not None:
                 graph.replay()
             else:
-                self._decode_rows(*key, always_sample=True)
+                self._decode_rows(*key)
         else:
-            self._decode_rows(num_rows, num_slots, always_sample=False)
+            self._decode_rows(num_rows, num_slots, None)
         # the step's one D2H copy; copied again on the host because on CPU .cpu() is the buffer itself
         return self.tokens[:num_rows].cpu().numpy().copy()
 
-    def _decode_rows(self, b: int, num_slots: int, always_sample: bool) -> None:
+    def _decode_rows(self, b: int, num_slots: int, paths: SamplingPaths | None) -> None:
         """The step body, shape-static in (b, num_slots): code predictor for codebooks 1..15 of every row, the
-        talker fed the whole frame + the row's text, the next c0 sampled; results land in self.tokens."""
-        rows, talker = slice(0, b), self.talker
+        talker fed the whole frame + the row's text, the next c0 sampled; results land in self.tokens.
+        paths: the static step's path set (of STATIC_PATHS); None: each draw runs only what its rows need."""
+        rows, talker, sampler = slice(0, b), self.talker, self.sampler
         c0 = self.c0[rows]
+        keys = sampler.noise_keys(rows)   # the step's 16 draws share the rows' token index: one pass for all
         rest = talker.code_predictor.predict(self.hidden[rows], talker.embed_codec(c0), self.cp_cache.rows(0, b),
-                                             self.sampler.codebook_sampler(rows, always_sample))
+                                             sampler.codebook_sampler(rows, paths, keys))
         frame = torch.cat((c0[:, None], rest), dim=1)                                 # [B, 16]
         text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
         x = talker.embed_frame(frame) + self.trailing[self.row_ids[rows], text_index]  # trailing row or tts_pad
@@ -137,7 +142,7 @@ class TalkerRunner:
         slots = self.lengths[rows].clamp(max=self.max_model_len - 1)
         hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots)
         self.hidden[rows] = hidden
-        next_c0 = self.sampler.sample_talker(logits, rows, always_sample)
+        next_c0 = sampler.sample_talker(logits, rows, paths, keys)
         self.c0[rows] = next_c0
         self.lengths[rows] += 1
         self.steps[rows] += 1
@@ -145,27 +150,30 @@ class TalkerRunner:
         self.tokens[rows, -1] = next_c0
 
     def capture_graphs(self) -> None:
-        """One CUDA graph per (rows, slots) bucket, largest first so smaller graphs reuse its memory pool. The
-        warm-up and captured runs touch only free rows (nothing runs yet); their state is reset after."""
+        """One CUDA graph per (rows, slots) bucket and sampling path set, largest first so smaller graphs reuse its
+        memory pool. Two path sets double the capture time and the graphs, and buy a replay without the sorted
+        vocabulary's sorts and per-id noise, most of a step's kernels, in the common case (every row keeps a small
+        top-k). The warm-up and captured runs touch only free rows (nothing runs yet); their state is reset after."""
         pool = None
         with torch.inference_mode():
             for slots in reversed(self.slot_buckets):
                 for rows in reversed(self.batch_buckets):
-                    side = torch.cuda.Stream(self.device)
-                    side.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces) happens outside capture
-                        self._decode_rows(rows, slots, always_sample=True)
-                    torch.cuda.current_stream(self.device).wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        self._decode_rows(rows, slots, always_sample=True)
-                    pool = graph.pool()
-                    self.graphs[(rows, slots)] = graph
+                    for paths in STATIC_PATHS:
+                        side = torch.cuda.Stream(self.device)
+                        side.wait_stream(torch.cuda.current_stream(self.device))
+                        with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces) outside capture
+                            self._decode_rows(rows, slots, paths)
+                        torch.cuda.current_stream(self.device).wait_stream(side)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool):
+                            self._decode_rows(rows, slots, paths)
+                        pool = graph.pool()
+                        self.graphs[(rows, slots, paths)] = graph
             torch.cuda.synchronize(self.device)
             for buffer in (self.lengths, self.steps, self.trailing_len, self.c0):
                 buffer.zero_()
-        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s)", len(self.graphs), self.batch_buckets,
-                    self.slot_buckets)
+        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s x %d sampling path sets)", len(self.graphs),
+                    self.batch_buckets, self.slot_buckets, len(STATIC_PATHS))
 
     # --- rows -----------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -2,6 +2,7 @@
 the dynamic one on CPU."""
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,9 @@ from omni_tts.engine.talker_scheduler import RowMove, TalkerScheduler
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
+from bench_step_ops import CASES, step_ops  # noqa: E402
 
 EOS = 2150
 
@@ -109,14 +113,19 @@ def run(tts, engine, requests, stagger, abort=None):
     return {i: np.array(f) for i, f in frames.items()}
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_static_shape_step_equals_dynamic_step(temperature):
+@pytest.mark.parametrize("temperature,top_k_off", [(0.0, ()), (0.9, ()), (0.9, (1, 2, 4))])
+def test_static_shape_step_equals_dynamic_step(temperature, top_k_off):
     """Bucketed rows (padding rows in free slots) and bucketed attention slots give the dynamic path's codes,
-    greedy and seeded sampling alike, with requests joining, finishing and being aborted mid-run."""
+    greedy and seeded sampling alike, with requests joining, finishing and being aborted mid-run. Requests
+    `top_k_off` sample over the sorted vocabulary (request 2 in its code predictor only): while one runs, the
+    static step takes every sampling path, otherwise the candidates only."""
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     voices = ["ryan", "vivian", "serena", "aiden", "sohee", "eric", "dylan"]
+    off = {1: dict(temperature=0.9, top_k=0), 2: dict(subtalker_temperature=0.8, subtalker_top_k=0),
+           4: dict(temperature=0.9, top_k=0, subtalker_top_k=100)}
     requests = [SynthesisRequest(text=f"Sentence {i}: the quick brown fox jumps.", voice=v, sampling=SamplingParams(
-        temperature=temperature, seed=100 + i, max_new_tokens=12 + 5 * i)) for i, v in enumerate(voices)]
+        **{"temperature": temperature, "seed": 100 + i, "max_new_tokens": 12 + 5 * i,
+           **(off[i] if i in top_k_off else {})})) for i, v in enumerate(voices)]
     results = []
     for static in (False, True):
         engine = TalkerEngine(tts.talker, tts.config, 8, 300, 512, 64, static_shapes=static)
@@ -126,3 +135,12 @@ def test_static_shape_step_equals_dynamic_step(temperature):
     for i in dynamic:
         assert len(dynamic[i]) > 0
         np.testing.assert_array_equal(static[i], dynamic[i])
+
+
+def test_a_step_whose_rows_keep_a_small_top_k_skips_the_sorted_vocabulary():
+    """The static step (what a graph replays) picks its sampling path set from the rows: with every row at the
+    default top-k it runs fewer ops than with the sorted vocabulary's path, and greedy rows run the same step."""
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    counts = {name: step_ops(tts, 8, sampling).totals() for name, sampling in CASES.items()}
+    assert counts["top-k 50"] == counts["greedy"]
+    assert counts["top-k 50"][1] < counts["top-k off"][1]

@@ -10,8 +10,8 @@ from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
-                                                _sample_candidates, _sample_sorted, exponential_noise,
-                                                resolve_sampling, warp_and_sample)
+                                                VocabTables, Warpers, _sample_candidates, _sample_sorted,
+                                                exponential_noise, noise_keys, resolve_sampling, warp_and_sample)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults, SamplingError
 
 GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
@@ -49,6 +49,12 @@ def test_server_defaults_come_between_the_request_and_the_checkpoint():
     assert (r.temperature, r.top_k, r.top_p, r.seed) == (0.5, 3, 1.0, 1)
 
 
+def draw(logits, temperature, top_k, top_p, seeds, counters, stream, paths):
+    """warp_and_sample for rows at (seeds, counters) on `stream`."""
+    warpers = Warpers(temperature, top_k, top_p, VocabTables.of(logits.shape[-1], "cpu"))
+    return warp_and_sample(logits, warpers, noise_keys(seeds, counters)[:, stream], paths)
+
+
 def one_row_sampler(params) -> BatchSampler:
     sampler = BatchSampler(1, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
     sampler.set_row(0, params)
@@ -80,8 +86,8 @@ def test_top_k_and_top_p_restrict_the_support():
     seeds = torch.tensor([0, 1])
     seen_k, seen_p = set(), set()
     for step in range(300):
-        ids = warp_and_sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), seeds,
-                              torch.tensor([step, step]), 0, ALL_PATHS)
+        ids = draw(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 0]), torch.tensor([1.0, 0.7]), seeds,
+                   torch.tensor([step, step]), 0, ALL_PATHS)
         seen_k.add(ids[0].item())
         seen_p.add(ids[1].item())
     assert seen_k == {0, 1}
@@ -93,12 +99,12 @@ def test_temperature_zero_rows_are_greedy_in_a_mixed_batch():
     logits = torch.tensor([[1.0, 1.2, 0.9], [1.0, 1.2, 0.9]])
     seeds = torch.tensor([0, 1])
 
-    def draw(step):
-        return warp_and_sample(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), seeds,
-                               torch.tensor([step, step]), 0, ALL_PATHS)
-    assert {draw(step)[1].item() for step in range(200)} == {0, 1, 2}
+    def draw_at(step):
+        return draw(logits, torch.tensor([0.0, 5.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), seeds,
+                    torch.tensor([step, step]), 0, ALL_PATHS)
+    assert {draw_at(step)[1].item() for step in range(200)} == {0, 1, 2}
     for step in range(20):
-        assert draw(step)[0].item() == 1
+        assert draw_at(step)[0].item() == 1
 
 
 def test_a_small_top_k_samples_among_candidates_as_the_sorted_vocabulary_would():
@@ -111,8 +117,9 @@ def test_a_small_top_k_samples_among_candidates_as_the_sorted_vocabulary_would()
         top_p = torch.where(torch.rand(64, generator=generator) < 0.5, 1.0,
                             torch.rand(64, generator=generator) * 0.9 + 0.05)
         seeds, counters = torch.randint(0, 2 ** 62, (64,), generator=generator), torch.full((64,), step)
-        assert torch.equal(_sample_candidates(scores, top_k, top_p, seeds, counters, 0),
-                           _sample_sorted(scores, top_k, top_p, seeds, counters, 0))
+        keys = noise_keys(seeds, counters)[:, 0]
+        warpers = Warpers(torch.ones(64), top_k, top_p, VocabTables.of(3072, "cpu"))
+        assert torch.equal(_sample_candidates(scores, warpers, keys), _sample_sorted(scores, warpers, keys))
 
 
 def test_a_rows_draw_does_not_depend_on_the_paths_its_batch_needs():
@@ -121,13 +128,13 @@ def test_a_rows_draw_does_not_depend_on_the_paths_its_batch_needs():
     top_k, seeds, counters = torch.tensor([50, 0, 0, 500]), torch.arange(4), torch.full((4,), 7)
     paths = SamplingPaths.of(temperature.tolist(), top_k.tolist())
     assert paths == ALL_PATHS
-    batched = warp_and_sample(logits, temperature, top_k, top_p, seeds, counters, 3, paths)
+    batched = draw(logits, temperature, top_k, top_p, seeds, counters, 3, paths)
     for row in range(4):
         one = slice(row, row + 1)
         alone = SamplingPaths.of(temperature[one].tolist(), top_k[one].tolist())
         assert alone != ALL_PATHS
-        assert warp_and_sample(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], counters[one], 3,
-                               alone).item() == batched[row].item()
+        assert draw(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], counters[one], 3,
+                    alone).item() == batched[row].item()
 
 
 def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
