@@ -257,7 +257,7 @@ class BatchSampler:
         return ALL_PATHS if full else CANDIDATES_ONLY
 
     def _paths(self, rows: slice, subtalker: bool) -> SamplingPaths:
-        params = self.host_params[rows]
+        params = [p for p in self.host_params[rows] if p is not None]   # a free row's draw is thrown away
         if subtalker:
             return SamplingPaths.of([p.subtalker_temperature for p in params], [p.subtalker_top_k for p in params])
         return SamplingPaths.of([p.temperature for p in params], [p.top_k for p in params])
