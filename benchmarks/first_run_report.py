@@ -30,7 +30,8 @@ def step_table(timings: dict) -> list[str]:
             for rows in value[kinds[0]]:
                 lines.append(f"| {rows} | " + " | ".join(f"{value[k][rows]:.2f}" for k in kinds) + " |")
         elif key.startswith("decoder_") and isinstance(value, dict):
-            lines += ["", f"{key} (rows x frames): " + ", ".join(f"{k} {v:.2f}" for k, v in value.items())]
+            for kind, calls in value.items():
+                lines += ["", f"{key} {kind} (rows x frames): " + ", ".join(f"{k} {v:.2f}" for k, v in calls.items())]
         else:
             lines += ["", f"{key}: {value}"]
     return lines
@@ -48,9 +49,10 @@ def plot(timings: dict, folder: str) -> str | None:
                 left.plot([int(r) for r in rows], [value[kind][r] for r in rows], marker="o",
                           label=f"{key[7:-8]} {kind}")
         elif key.startswith("decoder_") and key.endswith("_ms") and isinstance(value, dict):
-            for frames in sorted({k.split("x")[1] for k in value}, key=int):
-                points = sorted((int(k.split("x")[0]), v) for k, v in value.items() if k.split("x")[1] == frames)
-                right.plot(*zip(*points), marker="o", label=f"{key[8:-8]} {frames} frames")
+            for kind, calls in value.items():   # graphed / static / eager: {"<rows>x<frames>": ms}
+                for frames in sorted({k.split("x")[1] for k in calls}, key=int):
+                    points = sorted((int(k.split("x")[0]), v) for k, v in calls.items() if k.split("x")[1] == frames)
+                    right.plot(*zip(*points), marker="o", label=f"{key[8:-8]} {kind} {frames} frames")
     for ax, title in ((left, "talker decode step"), (right, "decoder call")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rows")
