@@ -42,14 +42,12 @@ def frame_pieces(num_frames: int) -> list[int]:
 class Code2WavRunner:
     def __init__(self, decoder: SpeechDecoder, max_rows: int, capacity: int | None = None,
                  static_shapes: bool = False, cuda_graphs: bool = False) -> None:
-        self.decoder, self.max_rows = decoder, max_rows
-        weight = decoder.pre_conv.conv.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self.decoder = decoder
+        self.device = decoder.pre_conv.conv.weight.device
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.static_shapes = static_shapes or self.cuda_graphs
         self.pool = decoder.new_stream_state(capacity or max_rows)
         self.free_slots = list(range(self.pool.batch_size))[::-1]
-        self.samples_per_frame = decoder.samples_per_frame
         self.rows_buckets = batch_buckets(max_rows)
         # a call's slots and codes are staged in pinned host memory on a GPU: the copies to the device then run
         # without blocking the host (from pageable memory they are synchronous)
