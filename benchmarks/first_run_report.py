@@ -23,7 +23,7 @@ def read(path: str) -> str | None:
 def step_table(timings: dict) -> list[str]:
     lines = []
     for key, value in timings.items():
-        if key.startswith("talker_") and isinstance(value, dict):
+        if key.startswith("talker_") and key.endswith("_step_ms") and isinstance(value, dict):
             kinds = [k for k in value if k != "slots"]
             lines += ["", f"{key} (attention slots {value['slots']}), ms per step:", "",
                       "| rows | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
@@ -43,7 +43,7 @@ def plot(timings: dict, folder: str) -> str | None:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
     for key, value in timings.items():
-        if key.startswith("talker_") and isinstance(value, dict):
+        if key.startswith("talker_") and key.endswith("_step_ms") and isinstance(value, dict):
             for kind in (k for k in value if k != "slots"):
                 rows = sorted(value[kind], key=int)
                 left.plot([int(r) for r in rows], [value[kind][r] for r in rows], marker="o",

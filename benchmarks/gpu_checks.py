@@ -7,7 +7,8 @@
    codes identical to the reference's, audio within the fixture README's 1e-4.
 2. talker: the graph-captured step (CUDA) or the static-shape eager step (CPU) against the eager step, on the tiny
    fixture and a real-size random checkpoint (--preset) in --dtype: identical greedy codes, requests joining and
-   finishing mid-run; and the time of one decode step per batch bucket, eager and graphed.
+   finishing mid-run; the time of one decode step per batch bucket, eager and graphed, and of an (eager) prefill of
+   1 and of all the requests.
 3. decoder: one pass == streamed; the static-shape runner (graph-captured on CUDA) against the dynamic one, first
    and steady chunks at 1-64 rows and 1/4/7/25 frames: max |difference| within the dtype's tolerance; and the time
    of one decoder call (slots in, audio on the host) per (rows, frames), graphed and eager.
@@ -154,6 +155,21 @@ def check_talker(tts: Qwen3TTS, label: str, device: torch.device, num_requests: 
     print(f"[gpu_checks] talker {label} step ms: {json.dumps(results['timings'][f'talker_{label}_step_ms'])}",
           flush=True)
     profile(lambda: eager.runner.decode(buckets[-1], slots), f"talker {label} eager step, {buckets[-1]} rows", device)
+    # the prefill runs eagerly: the admission's cost, paid by the new request's first audio and every running stream
+    prefill_ms = {}
+    for count in (1, len(requests)):
+        prefill = lambda: eager.runner.prefill(requests[:count], 0)  # noqa: E731 - rows 0.. are throw-away here
+        prefill()
+        sync(device)
+        started = time.perf_counter()
+        for _ in range(timing_repeats):
+            prefill()
+        sync(device)
+        prefill_ms[count] = round((time.perf_counter() - started) / timing_repeats * 1e3, 3)
+    results["timings"][f"talker_{label}_prefill_ms"] = {
+        "prompt_rows": [r.prompt_len for r in requests], "by_requests": prefill_ms}
+    print(f"[gpu_checks] talker {label} eager prefill ms by requests: {json.dumps(prefill_ms)}", flush=True)
+    profile(lambda: eager.runner.prefill(requests[:1], 0), f"talker {label} eager prefill, 1 request", device)
 
 
 def profile(run, label: str, device: torch.device) -> None:
