@@ -21,6 +21,7 @@ import torch
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 from .buckets import batch_buckets, bucket
+from .cuda_graphs import capture
 
 logger = logging.getLogger(__name__)
 
@@ -144,14 +145,7 @@ class Code2WavRunner:
         with torch.inference_mode():
             for frames in sorted(FRAME_SIZES, reverse=True):
                 for rows in reversed(self.rows_buckets):
-                    side = torch.cuda.Stream(self.device)
-                    side.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(side):  # lazy initialisation (cuDNN plans, workspaces) outside capture
-                        self._run(rows, frames)
-                    torch.cuda.current_stream(self.device).wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        out = self._run(rows, frames)
+                    graph, out = capture(lambda: self._run(rows, frames), self.device, pool)
                     pool = graph.pool()
                     self.graphs[(rows, frames)] = (graph, out)
             torch.cuda.synchronize(self.device)

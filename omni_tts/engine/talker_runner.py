@@ -25,6 +25,7 @@ from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, Sampl
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .buckets import batch_buckets, bucket
+from .cuda_graphs import capture
 from .talker_scheduler import RowMove, TalkerRequest
 
 logger = logging.getLogger(__name__)
@@ -159,14 +160,7 @@ class TalkerRunner:
             for slots in reversed(self.slot_buckets):
                 for rows in reversed(self.batch_buckets):
                     for paths in STATIC_PATHS:
-                        side = torch.cuda.Stream(self.device)
-                        side.wait_stream(torch.cuda.current_stream(self.device))
-                        with torch.cuda.stream(side):  # lazy initialisation (cuBLAS workspaces) outside capture
-                            self._decode_rows(rows, slots, paths)
-                        torch.cuda.current_stream(self.device).wait_stream(side)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, pool=pool):
-                            self._decode_rows(rows, slots, paths)
+                        graph, _ = capture(lambda: self._decode_rows(rows, slots, paths), self.device, pool)
                         pool = graph.pool()
                         self.graphs[(rows, slots, paths)] = graph
             torch.cuda.synchronize(self.device)
