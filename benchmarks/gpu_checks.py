@@ -12,6 +12,8 @@
 3. decoder: one pass == streamed; the static-shape runner (graph-captured on CUDA) against the dynamic one, first
    and steady chunks at 1-64 rows and 1/4/7/25 frames: max |difference| within the dtype's tolerance; and the time
    of one decoder call (slots in, audio on the host) per (rows, frames), graphed and eager.
+4. layouts: the tiny fixture served on the device (fp32) by both stage processes (connector shm) and by the fused
+   layout (one process, connector local): the same greedy audio (the golden's difference reported beside it).
 Writes checks.json (every figure) and prints one line per check; exits 1 when a check fails.
 """
 from __future__ import annotations
@@ -243,6 +245,43 @@ def check_decoder(tts: Qwen3TTS, label: str, device: torch.device, timing_repeat
     print(f"[gpu_checks] decoder {label} call ms (rows x frames): {json.dumps(timings)}", flush=True)
 
 
+# --- 4. layouts ---------------------------------------------------------------------------------------------------
+def check_layouts(device: torch.device) -> None:
+    import asyncio
+
+    import msgspec
+
+    from omni_tts.config import load_stage_config, stage_config_from_dict
+    from omni_tts.orchestrator.async_tts import AsyncTTS
+    from safetensors.numpy import load_file
+
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    case = next(c for c in manifest["cases"] if c.get("params") and c["variant"] == "tiny-custom-voice")
+    requests, golden = golden_requests(case), load_file(str(FIXTURES / case["file"]))
+
+    async def serve(pipeline) -> list[np.ndarray]:
+        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline) as engine:
+            async def one(request: SynthesisRequest) -> np.ndarray:
+                return np.concatenate([chunk.audio async for chunk in engine.generate(request)])
+            return await asyncio.gather(*(one(r) for r in requests))
+
+    audio = {}
+    for kind in ("shm", "local"):
+        data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
+        for stage in data["stages"].values():
+            stage["device"] = str(device)
+        data["connector"]["kind"] = kind
+        started = time.perf_counter()
+        audio[kind] = asyncio.run(serve(stage_config_from_dict(data, f"cpu_tiny on {device}, connector {kind}")))
+        results["timings"][f"layout_{kind}_seconds"] = round(time.perf_counter() - started, 1)
+    same_shapes = all(a.shape == b.shape for a, b in zip(audio["shm"], audio["local"]))
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(audio["shm"], audio["local"])) if same_shapes else None
+    golden_diff = max((float(np.abs(a - golden[f"wav_{i}"]).max()) for i, a in enumerate(audio["local"])
+                       if a.shape == golden[f"wav_{i}"].shape), default=None)
+    check("layouts: fused (one process) == two processes (served greedy audio, tiny fp32)",
+          same_shapes and diff <= 1e-5, max_diff=diff, golden_max_diff=golden_diff)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -272,6 +311,7 @@ def main() -> int:
         label = os.path.basename(args.model.rstrip("/"))
         check_talker(big, label, device, args.requests, args.max_new_tokens, args.repeats)
         check_decoder(big, label, device, args.repeats)
+    check_layouts(device)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "checks.json").write_text(json.dumps(results, indent=1, default=str))
     failed = [c["name"] for c in results["checks"] if not c["ok"]]

@@ -16,10 +16,12 @@
 #     msgspec pyzmq soundfile soxr cffi pycparser
 #
 # Settings (environment): RESULT_DIR (default benchmarks/results/gpu-first-run-<UTC time>); PRESETS (default
-# "0.6b 1.7b"); CHECK_PRESET (gpu_checks.py's real-size model; default the first of PRESETS); DTYPE (bfloat16); DEADLINE_S (default 530: levels
-# of the suite that would start after it are skipped, so the report is written within 9 minutes); CHECKS=0 skips
-# step 1 (a rerun after the checks passed); every gpu_suite.sh
-# setting passes through (CONCURRENCY, RATES, MAX_NEW_TOKENS, ...).
+# "0.6b 1.7b"); CHECK_PRESET (gpu_checks.py's real-size model; default the first of PRESETS); DTYPE (bfloat16);
+# STAGE_CONFIGS (default "qwen3_tts_1gpu qwen3_tts_1gpu_fused": both one-GPU layouts, measured side by side);
+# VARIANTS (default custom_voice; "base" adds the saved-voice clone tables); DEADLINE_S (default 530: levels of the
+# suite that would start after it are skipped, so the report is written within 9 minutes); CHECKS=0 skips step 1
+# (a rerun after the checks passed); every gpu_suite.sh setting passes through (CONCURRENCY, RATES, ...).
+# One 9-minute call does not hold every table: run 1.7B with both layouts first (PRESETS=1.7b), then 0.6B and Base.
 # Output: RESULT_DIR/{checks.json, checks.log, report.md, report.json, suite/ (gpu_suite.sh's folder + plots)}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,14 +61,14 @@ export PATH=$bin:$PATH
 
 if [ "${CPU:-0}" = 1 ]; then
   device=cpu
-  : "${PRESETS:=tiny}" "${DTYPE:=float32}"
+  : "${PRESETS:=tiny}" "${DTYPE:=float32}" "${STAGE_CONFIGS:=cpu_tiny}"
   export SMOKE=1
 else
   device=cuda
-  : "${PRESETS:=0.6b 1.7b}" "${DTYPE:=bfloat16}"
+  : "${PRESETS:=0.6b 1.7b}" "${DTYPE:=bfloat16}" "${STAGE_CONFIGS:=qwen3_tts_1gpu qwen3_tts_1gpu_fused}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>/dev/null || true
 fi
-export PRESETS DTYPE
+export PRESETS DTYPE STAGE_CONFIGS
 "$py" -c 'import sys, torch; print(f"[first_run] python {sys.version.split()[0]}, torch {torch.__version__}, cuda \
 {torch.version.cuda}, devices {torch.cuda.device_count()}")' | tee "$out/versions.txt"
 

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# GPU suite: random-weight 0.6B and 1.7B CustomVoice checkpoints (bf16), each served on the stage config
-# qwen3_tts_1gpu (omni_tts/stage_configs/); bench_tts_serve.py at concurrency 1/8/32/64 and at Poisson arrivals of
-# 1/10/20 req/s; GPU utilisation and memory sampled by nvidia-smi every 200 ms during each level. Sized to finish in
-# under 8 minutes on one H100 (an estimate: not yet run on a GPU). Results: benchmarks/results/gpu-suite-<UTC time>/
-# — one bench JSON (+ .md, .gpu.csv) per level, server logs, and suite.json / suite.md / suite_{concurrency,rate}.png
-# from benchmarks/suite_report.py.
+# GPU suite: random-weight 0.6B and 1.7B checkpoints (bf16), CustomVoice (voice ryan) and/or Base (a saved voice
+# clone: a reference clip with its text, uploaded once), each served on each stage config named (omni_tts/
+# stage_configs/: qwen3_tts_1gpu, two processes, and qwen3_tts_1gpu_fused, one); bench_tts_serve.py at concurrency
+# 1/8/32/64 and at Poisson arrivals of 1/10/20 req/s; GPU utilisation and memory sampled by nvidia-smi every 200 ms
+# during each level. The defaults (0.6B and 1.7B CustomVoice, two processes) ran in 282 s on an H200 with shorter
+# levels (docs/benchmarks.md). Results: benchmarks/results/gpu-suite-<UTC time>/ — one bench JSON (+ .md, .gpu.csv)
+# per level, named <preset>[-base][-fused]-c<N> / -rate<R>, server logs, and suite.json / suite.md /
+# suite_{concurrency,rate}.png from benchmarks/suite_report.py.
 #
 #   bash benchmarks/gpu_suite.sh
 #   SMOKE=1 bash benchmarks/gpu_suite.sh          # the same logic on a CPU: tiny preset, cpu_tiny, short levels
 #
 # Settings (environment; SMOKE=1 changes the defaults in brackets):
-#   PRESETS="0.6b 1.7b" [tiny]   DTYPE=bfloat16 [float32]   STAGE_CONFIG=qwen3_tts_1gpu [cpu_tiny]
+#   PRESETS="0.6b 1.7b" [tiny]   DTYPE=bfloat16 [float32]   VARIANTS=custom_voice (and/or base)
+#   STAGE_CONFIGS=qwen3_tts_1gpu [cpu_tiny] (several: each is served and measured; a name ending in _fused, or
+#   connector kind local, marks its levels -fused)
 #   CONCURRENCY="1 8 32 64" [1 4]   RATES="1 10 20" [2]   MAX_NEW_TOKENS=120 [20]   WARMUPS=4 [2]
 #   MIN_PROMPTS=4 [2]: requests per level at least; a concurrency level sends max(MIN_PROMPTS, 2 × c)
 #   RATE_SECONDS=12 [2], RATE_MAX_PROMPTS=48 [4]: a rate level sends
@@ -26,13 +30,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "${SMOKE:-0}" = 1 ]; then
-  : "${PRESETS:=tiny}" "${DTYPE:=float32}" "${STAGE_CONFIG:=cpu_tiny}" "${CONCURRENCY:=1 4}" "${RATES:=2}"
+  : "${PRESETS:=tiny}" "${DTYPE:=float32}" "${STAGE_CONFIGS:=cpu_tiny}" "${CONCURRENCY:=1 4}" "${RATES:=2}"
   : "${MAX_NEW_TOKENS:=20}" "${WARMUPS:=2}" "${MIN_PROMPTS:=2}" "${RATE_SECONDS:=2}" "${RATE_MAX_PROMPTS:=4}"
   : "${NVIDIA_SMI:=0}"
 fi
-: "${PRESETS:=0.6b 1.7b}" "${DTYPE:=bfloat16}" "${STAGE_CONFIG:=qwen3_tts_1gpu}" "${CONCURRENCY:=1 8 32 64}"
+: "${PRESETS:=0.6b 1.7b}" "${DTYPE:=bfloat16}" "${STAGE_CONFIGS:=qwen3_tts_1gpu}" "${CONCURRENCY:=1 8 32 64}"
 : "${RATES:=1 10 20}" "${MAX_NEW_TOKENS:=120}" "${WARMUPS:=4}" "${MIN_PROMPTS:=4}" "${RATE_SECONDS:=12}"
-: "${RATE_MAX_PROMPTS:=48}" "${NVIDIA_SMI:=1}" "${GPU_INDEX:=0}" "${SERVER_TIMEOUT:=900}"
+: "${RATE_MAX_PROMPTS:=48}" "${NVIDIA_SMI:=1}" "${GPU_INDEX:=0}" "${SERVER_TIMEOUT:=900}" "${VARIANTS:=custom_voice}"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 out=${RESULT_DIR:-benchmarks/results/gpu-suite-$stamp}
 cache=${OMNI_TTS_CACHE:-$HOME/.cache/omni_tts}
@@ -64,56 +68,83 @@ bench() {  # bench NAME ARGS...: one bench_tts_serve.py run, GPU sampled into NA
       -lms 200 > "$out/$name.gpu.csv" &
     sampler=$!
   fi
-  python benchmarks/bench_tts_serve.py --base-url "http://127.0.0.1:$port" --model qwen3-tts --voice ryan \
+  python benchmarks/bench_tts_serve.py --base-url "http://127.0.0.1:$port" --model qwen3-tts --voice "$voice" \
     --max-new-tokens "$MAX_NEW_TOKENS" --seed 0 --result-dir "$out" --name "$name" --no-plots --no-progress "$@"
   if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; sampler=""; fi
 }
 
+# a Base voice's reference: 3 s of a gliding tone (random weights make any clip as good a voice as another)
+ref_clip=$out/reference.wav
+python - "$ref_clip" <<'PY'
+import sys, wave
+import numpy as np
+t = np.arange(3 * 24000) / 24000
+pcm = (0.3 * np.sin(2 * np.pi * (150 + 40 * t) * t) * 32767).astype("<i2")
+with wave.open(sys.argv[1], "wb") as f:
+    f.setnchannels(1); f.setsampwidth(2); f.setframerate(24000); f.writeframes(pcm.tobytes())
+PY
+
 for preset in $PRESETS; do
-  if past_deadline; then phase "$preset" skipped 0; continue; fi
+ for variant in $VARIANTS; do
+  if past_deadline; then phase "$preset-$variant" skipped 0; continue; fi
   t=$SECONDS
-  model=$cache/$preset-custom-voice-seed0$([ "$DTYPE" = float32 ] || echo "-$DTYPE")   # as cpu_suite.sh names it
+  suffix=$([ "$variant" = custom_voice ] || echo "-${variant//_/-}")   # cpu_suite.sh's names: custom-voice → no suffix
+  model=$cache/$preset-${variant//_/-}-seed0$([ "$DTYPE" = float32 ] || echo "-$DTYPE")   # as cpu_suite.sh names it
   [ -f "$model/speech_tokenizer/model.safetensors" ] || \
-    omni-tts make-tiny-model "$model" --variant custom_voice --preset "$preset" --seed 0 --dtype "$DTYPE"
-  phase "$preset" build $((SECONDS - t))
-
-  t=$SECONDS
-  port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  omni-tts serve --model "$model" --stage-config "$STAGE_CONFIG" --served-model-name qwen3-tts --port "$port" \
-    --max-queue 1024 > "$out/$preset.server.log" 2>&1 &
-  server=$!
-  until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-    kill -0 "$server" 2>/dev/null || { echo "server exited; log: $out/$preset.server.log" >&2; exit 1; }
-    [ $((SECONDS - t)) -lt "$SERVER_TIMEOUT" ] || { echo "server not healthy after $SERVER_TIMEOUT s" >&2; exit 1; }
-    sleep 1
-  done
-  phase "$preset" start $((SECONDS - t))
-
-  # warm-up at the largest concurrency (not reported: suite_report.py reads only -c<N> / -rate<R> results)
-  t=$SECONDS
-  top=$(printf '%s\n' $CONCURRENCY | sort -n | tail -1)
-  bench "$preset-warmup" --concurrency "$top" --num-prompts "$WARMUPS" --warmups 0 --health-interval-ms 0
-  phase "$preset" warmup $((SECONDS - t))
-
-  for c in $CONCURRENCY; do
-    if past_deadline; then phase "$preset" "c=$c skipped" 0; continue; fi
+    omni-tts make-tiny-model "$model" --variant "$variant" --preset "$preset" --seed 0 --dtype "$DTYPE"
+  phase "$preset$suffix" build $((SECONDS - t))
+  for stage_config in $STAGE_CONFIGS; do
+    layout=$(python -c 'import sys; from omni_tts.config import load_stage_config
+print("-fused" if load_stage_config(sys.argv[1]).connector.kind == "local" else "")' "$stage_config")
+    run=$preset$suffix$layout
+    if past_deadline; then phase "$run" skipped 0; continue; fi
     t=$SECONDS
-    bench "$preset-c$c" --concurrency "$c" --num-prompts $((2 * c > MIN_PROMPTS ? 2 * c : MIN_PROMPTS)) --warmups 0
-    phase "$preset" "c=$c" $((SECONDS - t))
-  done
-  for rate in $RATES; do
-    if past_deadline; then phase "$preset" "rate=$rate skipped" 0; continue; fi
+    port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    omni-tts serve --model "$model" --stage-config "$stage_config" --served-model-name qwen3-tts --port "$port" \
+      --max-queue 1024 --voices-dir "$out/voices-$run" > "$out/$run.server.log" 2>&1 &
+    server=$!
+    until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
+      kill -0 "$server" 2>/dev/null || { echo "server exited; log: $out/$run.server.log" >&2; exit 1; }
+      [ $((SECONDS - t)) -lt "$SERVER_TIMEOUT" ] || { echo "server not healthy after $SERVER_TIMEOUT s" >&2; exit 1; }
+      sleep 1
+    done
+    voice=ryan
+    if [ "$variant" = base ]; then  # a saved voice: its clone prompt is computed once, as users of a clone do
+      voice=suite_clone
+      curl -sf -o /dev/null "http://127.0.0.1:$port/v1/audio/voices" -F name=$voice -F "audio_sample=@$ref_clip" \
+        -F "ref_text=A short reference sentence for the voice clone." \
+        || { echo "voice upload failed; log: $out/$run.server.log" >&2; exit 1; }
+    fi
+    phase "$run" start $((SECONDS - t))
+
+    # warm-up at the largest concurrency (not reported: suite_report.py reads only -c<N> / -rate<R> results)
     t=$SECONDS
-    n=$(python -c "import math; print(min($RATE_MAX_PROMPTS, max($MIN_PROMPTS, math.ceil($rate * $RATE_SECONDS))))")
-    bench "$preset-rate$rate" --request-rate "$rate" --num-prompts "$n" --warmups 0
-    phase "$preset" "rate=$rate" $((SECONDS - t))
+    top=$(printf '%s\n' $CONCURRENCY | sort -n | tail -1)
+    bench "$run-warmup" --concurrency "$top" --num-prompts "$WARMUPS" --warmups 0 --health-interval-ms 0
+    phase "$run" warmup $((SECONDS - t))
+
+    for c in $CONCURRENCY; do
+      if past_deadline; then phase "$run" "c=$c skipped" 0; continue; fi
+      t=$SECONDS
+      bench "$run-c$c" --concurrency "$c" --num-prompts $((2 * c > MIN_PROMPTS ? 2 * c : MIN_PROMPTS)) --warmups 0
+      phase "$run" "c=$c" $((SECONDS - t))
+    done
+    for rate in $RATES; do
+      if past_deadline; then phase "$run" "rate=$rate skipped" 0; continue; fi
+      t=$SECONDS
+      n=$(python -c "import math; print(min($RATE_MAX_PROMPTS, max($MIN_PROMPTS, math.ceil($rate * $RATE_SECONDS))))")
+      bench "$run-rate$rate" --request-rate "$rate" --num-prompts "$n" --warmups 0
+      phase "$run" "rate=$rate" $((SECONDS - t))
+    done
+    cleanup
   done
-  cleanup
+ done
 done
 
 config=$(python -c 'import json, sys; print(json.dumps(dict(zip(sys.argv[1::2], sys.argv[2::2]))))' \
-  presets "$PRESETS" dtype "$DTYPE" stage_config "$STAGE_CONFIG" concurrency "$CONCURRENCY" rates "$RATES" \
+  presets "$PRESETS" variants "$VARIANTS" dtype "$DTYPE" stage_configs "$STAGE_CONFIGS" concurrency "$CONCURRENCY" \
+  rates "$RATES" \
   max_new_tokens "$MAX_NEW_TOKENS" warmups "$WARMUPS" min_prompts "$MIN_PROMPTS" rate_seconds "$RATE_SECONDS" \
   rate_max_prompts "$RATE_MAX_PROMPTS" smoke "${SMOKE:-0}")
 python benchmarks/suite_report.py "$out" --config "$config" \
-  --title "gpu_suite: $PRESETS ($DTYPE) on $STAGE_CONFIG · max_new_tokens $MAX_NEW_TOKENS"
+  --title "gpu_suite: $PRESETS $VARIANTS ($DTYPE) on $STAGE_CONFIGS · max_new_tokens $MAX_NEW_TOKENS"

@@ -38,10 +38,17 @@ ANCHORS = {
 }
 
 
+# Base voice clones (levels named <preset>-base…): sglang-omni's CI on one H100 80 GB (1.7B Base) and vllm-omni's
+BASE_ANCHORS = {
+    ("rate", 20.0): "sglang-omni 1.7B Base voice clone p95 174-185 ms",
+    ("concurrency", 64): "vllm-omni 89.2 audio-s/s (H200, 1.7B Base)",
+}
+
+
 def anchor(row: dict) -> str:
     key = ("rate", float(row["request_rate"])) if row["request_rate"] is not None else ("concurrency",
                                                                                         row["concurrency"])
-    return ANCHORS.get(key, "")
+    return (BASE_ANCHORS if "-base" in row["preset"] else ANCHORS).get(key, "")
 
 
 NAME = re.compile(r"^(?P<preset>.+)-(?:c(?P<c>\d+)|rate(?P<rate>[0-9.]+))$")

@@ -73,3 +73,14 @@ def case_requests(case: dict):
             x_vector_only=bool(row.get("x_vector_only_mode", False)), non_streaming_mode=row.get("non_streaming_mode"),
             sampling=SamplingParams(temperature=0, max_new_tokens=row["max_new_tokens"])))
     return requests
+
+
+def stage_config(kind: str):
+    """cpu_tiny with the connector of `kind` (shm, tcp, local), through the loader as a YAML's connector.kind goes."""
+    import msgspec
+
+    from omni_tts.config import load_stage_config, stage_config_from_dict
+
+    data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
+    data["connector"]["kind"] = kind
+    return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")

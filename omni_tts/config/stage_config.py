@@ -108,13 +108,15 @@ class ConnectorConfig(_Config):
 
     kind shm: a shared-memory ring (both stages on this host). kind tcp: one TCP connection that code2wav binds at
     tcp_host:tcp_port, so it can run on another host; ring_slots then bounds the chunks in flight the same way.
+    kind local: the fused layout, both stages in one process (code2wav on a thread and, on a GPU, a CUDA stream of
+    its own) and chunks handed over in memory; ring_slots bounds them the same way.
     """
     initial_codec_chunk_frames: InitialChunkFrames = 2  # first chunk: low time-to-first-audio
     # later chunks double from the first up to this size (FrameChunker): the player's second packet comes early
     codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
-    kind: Literal["shm", "tcp"] = "shm"
+    kind: Literal["shm", "tcp", "local"] = "shm"
     tcp_host: str | None = None  # kind tcp: an IP address of code2wav's host; None = 127.0.0.1
     tcp_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None  # kind tcp: None or 0 = a free port
 

@@ -56,6 +56,10 @@ class Code2WavRunner:
         self.host_slots = torch.zeros(max_rows, dtype=torch.long, pin_memory=pinned)
         self.host_codes = torch.zeros(max_rows * max(FRAME_SIZES) * decoder.cfg.num_quantizers, dtype=torch.long,
                                       pin_memory=pinned)
+        # ... and the audio comes back the same way, all of a call's pieces waited for once, by an event on this
+        # thread's stream (the fused layout's talker runs on another stream of the same device)
+        self.host_audio = torch.zeros(max_rows * max(FRAME_SIZES) * decoder.samples_per_frame, pin_memory=pinned)
+        self.audio_copied = torch.cuda.Event() if pinned else None
         if self.static_shapes:
             self.batch = decoder.new_stream_state(max_rows)
             self.codes = torch.zeros(max_rows, decoder.cfg.num_quantizers, max(FRAME_SIZES), dtype=torch.long,
@@ -102,13 +106,27 @@ class Code2WavRunner:
         codes_t = self._staged(codes).to(self.device, non_blocking=True).transpose(1, 2)       # [n, 16, F]
         batch = self.batch.rows(0, rows)
         self.pool.gather_into(index, batch)
+        pieces = frame_pieces(num_frames)
+        staged = self._host_audio(n * num_frames * self.decoder.samples_per_frame)
         audio, start = [], 0
-        for size in frame_pieces(num_frames):
+        for size in pieces:
             self.codes[:n, :, :size] = codes_t[:, :, start:start + size]
-            audio.append(self._run(rows, size)[:n].float().cpu())
+            offset = n * start * self.decoder.samples_per_frame
+            piece = staged[offset:offset + n * size * self.decoder.samples_per_frame].view(n, -1)  # contiguous
+            piece.copy_(self._run(rows, size)[:n].float(), non_blocking=True)  # queued before the graph's next replay
+            audio.append(piece.numpy())
             start += size
         self.pool.scatter(index[:n], batch.rows(0, n))
-        return torch.cat(audio, dim=1).numpy()
+        if self.audio_copied is not None:
+            self.audio_copied.record()
+            self.audio_copied.synchronize()
+        return np.concatenate(audio, axis=1)  # a copy: the staging buffer is the next call's
+
+    def _host_audio(self, samples: int) -> torch.Tensor:
+        """The audio staging buffer's first `samples` floats (grown for a long context chunk)."""
+        if self.host_audio.numel() < samples:
+            self.host_audio = torch.zeros(samples, pin_memory=self.host_audio.is_pinned())
+        return self.host_audio[:samples]
 
     def _staged(self, codes: np.ndarray) -> torch.Tensor:
         """codes as a tensor in the staging buffer (grown for a long context chunk); each call ends with a copy of

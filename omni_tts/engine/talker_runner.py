@@ -9,8 +9,9 @@ sets (STATIC_PATHS), picked per step from the rows' host-side parameters: candid
 a small top-k, the checkpoints' default) or every path. On CUDA one graph per (rows, slots) bucket and path set is
 captured at start-up — talker step, all 15 code-predictor steps and sampling — and replayed; on CPU the same
 static path runs eagerly (tested to give the dynamic path's codes). Either way one [B, 17] device→host copy per
-step is the only sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows:
-parked rows (waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
+step (through pinned memory, waited for by an event on the talker's stream) is the only sync. The buffers hold
+`num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows (waiting for text) live at the
+top, where no bucket's padding reaches (talker_scheduler.py).
 """
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ class TalkerRunner:
         self.lengths = torch.zeros(rows, dtype=torch.long, device=dev)
         self.row_ids = torch.arange(rows, device=dev)
         self.tokens = torch.zeros(rows, tc.num_code_groups + 1, dtype=torch.long, device=dev)  # frame + next c0
+        # the step's tokens reach the host through pinned memory, waited for by an event on this stream alone (a
+        # copy to pageable memory is synchronous, and a device-wide sync would wait for the decoder's stream too)
+        self.host_tokens = torch.zeros_like(self.tokens, device="cpu", pin_memory=dev.type == "cuda")
+        self.tokens_copied = torch.cuda.Event() if dev.type == "cuda" else None
         self.sampler = BatchSampler(rows, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, dev)
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
@@ -124,8 +129,13 @@ class TalkerRunner:
                 self._decode_rows(*key)
         else:
             self._decode_rows(num_rows, num_slots, None)
-        # the step's one D2H copy; copied again on the host because on CPU .cpu() is the buffer itself
-        return self.tokens[:num_rows].cpu().numpy().copy()
+        # the step's one D2H copy and its one wait
+        host = self.host_tokens[:num_rows]
+        host.copy_(self.tokens[:num_rows], non_blocking=True)
+        if self.tokens_copied is not None:
+            self.tokens_copied.record()
+            self.tokens_copied.synchronize()
+        return host.numpy().copy()
 
     def _decode_rows(self, b: int, num_slots: int, paths: SamplingPaths | None) -> None:
         """The step body, shape-static in (b, num_slots): code predictor for codebooks 1..15 of every row, the

@@ -30,7 +30,7 @@ import zmq.asyncio
 from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
 from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
-from omni_tts.stages import code2wav_stage, talker_stage
+from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.protocol import Shutdown, StageLaunch
 
@@ -175,8 +175,9 @@ class StageSupervisor:
             self._ctx.destroy(linger=0)
 
     async def _start_pipeline(self) -> None:
-        """Ring, control sockets and both stage processes; returns when both are ready."""
-        conn, stages = self.pipeline.connector, self.pipeline.stages
+        """Connector, control sockets and the stage processes (one in the fused layout); returns when both stages
+        are ready."""
+        conn = self.pipeline.connector
         self._failed = False
         self.epoch += 1
         self._connector = create_owner(conn, self.num_code_groups)
@@ -190,36 +191,44 @@ class StageSupervisor:
         spawn = multiprocessing.get_context("spawn")
         loop = asyncio.get_running_loop()
         self.stages = {}
-        for name, entry, cfg in (("talker", talker_stage.main, stages.talker),
-                                 ("code2wav", code2wav_stage.main, stages.code2wav)):
-            address = f"ipc://{self._ipc_dir}/{name}"
-            launch = StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
-                                 max_batch_size=self.batch_sizes[name],
-                                 command_address=address, event_address=self.event_address,
-                                 connector=self._connector.spec,
-                                 initial_chunk_frames=conn.initial_codec_chunk_frames,
-                                 chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
-                                 log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
-                                 enforce_eager=cfg.enforce_eager,
-                                 **({"max_model_len": cfg.max_model_len,
-                                     "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
-                                     "max_text_tokens": cfg.max_text_tokens}
-                                    if name == "talker"
-                                    else {"frame_budget": cfg.frame_budget,
-                                          "lanes": code2wav_lanes(self.pipeline, self.threads)}))
-            process = spawn.Process(target=entry, args=(msgspec.msgpack.encode(launch),), name=f"omni-tts-{name}",
-                                    daemon=True)
-            with stage_environment(name):
+        launches = {name: self._launch(name, f"ipc://{self._ipc_dir}/{name}") for name in ("talker", "code2wav")}
+        # the fused layout (connector kind local) runs both stages in one process
+        processes = ([("fused", fused_stage.main, ("talker", "code2wav"))] if conn.kind == "local" else
+                     [("talker", talker_stage.main, ("talker",)), ("code2wav", code2wav_stage.main, ("code2wav",))])
+        for process_name, entry, names in processes:
+            process = spawn.Process(target=entry, args=tuple(msgspec.msgpack.encode(launches[n]) for n in names),
+                                    name=f"omni-tts-{process_name}", daemon=True)
+            with stage_environment(names[0]):
                 process.start()
-            command = self._ctx.socket(zmq.PUSH)
-            command.setsockopt(zmq.LINGER, 0)
-            command.connect(address)
-            stage = self.stages[name] = StageProcess(name, process, command)
-            loop.add_reader(process.sentinel, self._on_stage_exit, stage)
+            for name in names:
+                command = self._ctx.socket(zmq.PUSH)
+                command.setsockopt(zmq.LINGER, 0)
+                command.connect(launches[name].command_address)
+                self.stages[name] = StageProcess(name, process, command)
+            # a process's exit is watched once; a stage that failed names itself in its StageFailed
+            loop.add_reader(process.sentinel, self._on_stage_exit, self.stages[names[0]])
         try:
             await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
         except TimeoutError:
             raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s") from None
+
+    def _launch(self, name: str, command_address: str) -> StageLaunch:
+        """What stage `name`'s process needs to run it in the pipeline being started."""
+        conn, cfg = self.pipeline.connector, self.pipeline.stages.by_name()[name]
+        return StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
+                           max_batch_size=self.batch_sizes[name],
+                           command_address=command_address, event_address=self.event_address,
+                           connector=self._connector.spec,
+                           initial_chunk_frames=conn.initial_codec_chunk_frames,
+                           chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
+                           log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
+                           enforce_eager=cfg.enforce_eager,
+                           **({"max_model_len": cfg.max_model_len,
+                               "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
+                               "max_text_tokens": cfg.max_text_tokens}
+                              if name == "talker"
+                              else {"frame_budget": cfg.frame_budget,
+                                    "lanes": code2wav_lanes(self.pipeline, self.threads)}))
 
     async def _stop_pipeline(self, graceful: bool) -> None:
         """Stop the stages (gracefully, else kill them at once), then drop the connector, sockets and tasks."""

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from omni_tts.connectors.base import ChunkReaderBase
 from omni_tts.connectors.kinds import chunk_reader
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_frame_budget
 from omni_tts.engine.code2wav_runner import Code2WavRunner
@@ -34,7 +35,10 @@ MAX_EARLY_CHUNKS = 256
 _RECENTLY_ABORTED = 4096  # their chunks still in flight are dropped at once, not held for a Register
 
 class Code2WavStage:
-    def __init__(self, launch: StageLaunch) -> None:
+    def __init__(self, launch: StageLaunch, condition: threading.Condition | None = None,
+                 reader: ChunkReaderBase | None = None) -> None:
+        """condition, reader: the loop's Condition and the connector's code2wav end (notifying it) when the process
+        made them (the fused layout's in-process connector)."""
         decoder = load_speech_decoder(launch.model_dir, launch.device, getattr(torch, launch.dtype))
         runner = Code2WavRunner(decoder, launch.max_batch_size, cuda_graphs=not launch.enforce_eager)
         frame_budget = launch.frame_budget
@@ -43,10 +47,10 @@ class Code2WavStage:
         logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
                     "measured" if launch.frame_budget is None else "configured", launch.lanes)
         self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes, runner)
-        self.condition = threading.Condition()
+        self.condition = condition or threading.Condition()
         self.io = StageIO(launch, self.condition)
-        self.reader = chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the same loop
-                                   on_error=lambda e: self.io.thread_failed("connector", e))
+        self.reader = reader or chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the loop
+                                             on_error=lambda e: self.io.thread_failed("connector", e))
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0

@@ -104,7 +104,7 @@ class StageStats(msgspec.Struct, tag=True):
     pid: int                         # the stage process these cumulative figures belong to
     request_ids: list[str]
     num_steps: int
-    cpu_seconds: float
+    cpu_seconds: float               # the process's CPU time (the fused layout: both stages' together)
     step_durations: DurationHistogram          # time inside each engine step
     connector_chunks: int = 0                  # code2wav: connector chunks received
     connector_latencies: DurationHistogram | None = None   # code2wav: the talker's put() → the chunk taken

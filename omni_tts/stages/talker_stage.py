@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from omni_tts.connectors.base import ChunkWriterBase
 from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
@@ -45,7 +46,8 @@ class TalkerStageRequest:
 
 
 class TalkerStage:
-    def __init__(self, launch: StageLaunch) -> None:
+    def __init__(self, launch: StageLaunch, writer: ChunkWriterBase | None = None) -> None:
+        """writer: the connector's talker end when the process made it (the fused layout's in-process one)."""
         self.launch = launch
         self.tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype),
                             with_decoder=False)
@@ -54,7 +56,8 @@ class TalkerStage:
                                    cuda_graphs=not launch.enforce_eager)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
-        self.writer = chunk_writer(launch.connector, on_error=lambda e: self.io.thread_failed("connector", e))
+        self.writer = writer or chunk_writer(launch.connector,
+                                             on_error=lambda e: self.io.thread_failed("connector", e))
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
         self.requests: dict[str, TalkerStageRequest] = {}

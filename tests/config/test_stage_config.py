@@ -148,7 +148,7 @@ BAD = [
     ("", "", "connector: 3\n",
      "connector: must be a mapping with keys initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
      "ring_slot_frames, kind, tcp_host, tcp_port, got 3"),
-    ("", "", "connector: {kind: udp}\n", "connector.kind: must be one of shm, tcp, got 'udp'"),
+    ("", "", "connector: {kind: udp}\n", "connector.kind: must be one of local, shm, tcp, got 'udp'"),
     ("", "", "connector: {kind: tcp, tcp_host: localhost}\n",
      "connector.tcp_host: must be an IP address, got 'localhost'"),
     ("", "", "connector: {kind: tcp, tcp_port: 65536}\n",

@@ -1,16 +1,17 @@
 """The two-stage runtime with real processes, real shared memory and real sockets (issue: streaming runtime); a few
-cases again with the TCP connector between the stages (connector.kind: tcp, on loopback)."""
+cases again with the TCP connector between the stages (connector.kind: tcp, on loopback) and with both stages in
+one process (connector.kind: local, the fused layout)."""
 import asyncio
 import os
 
-import msgspec
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests
+from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests, stage_config
 from test_supervision import forge_chunk
-from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
+from omni_tts.config import load_stage_config
 from omni_tts.connectors import RingSpec, TcpSpec
+from omni_tts.connectors.local import LocalSpec
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
@@ -45,15 +46,10 @@ def alive(pid):
         return False
 
 
-def stage_config(kind: str) -> PipelineConfig:
-    """cpu_tiny with the connector of `kind`, through the loader as a YAML's connector.kind goes."""
-    data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
-    data["connector"]["kind"] = kind
-    return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")
-
-
 def assert_connector(engine: AsyncTTS, kind: str) -> None:
-    assert isinstance(engine.connector_spec, {"shm": RingSpec, "tcp": TcpSpec}[kind])
+    assert isinstance(engine.connector_spec, {"shm": RingSpec, "tcp": TcpSpec, "local": LocalSpec}[kind])
+    pids = engine.stage_pids()
+    assert (pids["talker"] == pids["code2wav"]) == (kind == "local")
 
 
 def many_requests(n, max_new_tokens=40):
@@ -63,9 +59,9 @@ def many_requests(n, max_new_tokens=40):
             for i in range(n)]
 
 
-# tcp once, on Base: its ICL requests send reference-context chunks too
+# tcp and local once, on Base: its ICL requests send reference-context chunks too
 @pytest.mark.parametrize("variant,kind", [("tiny-custom-voice", "shm"), ("tiny-voice-design", "shm"),
-                                          ("tiny-base", "shm"), ("tiny-base", "tcp")])
+                                          ("tiny-base", "shm"), ("tiny-base", "tcp"), ("tiny-base", "local")])
 def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
     requests = [r for c in GOLDEN_CASES if c["variant"] == variant for r in case_requests(c)][:3]
@@ -145,7 +141,7 @@ def test_cancelled_requests_are_freed_in_both_stages():
     run(main())
 
 
-@pytest.mark.parametrize("kind", ["shm", "tcp"])
+@pytest.mark.parametrize("kind", ["shm", "tcp", "local"])
 def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
     async def main():
         async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests
-from omni_tts.config import load_stage_config
+from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
+from omni_tts.config import PipelineConfig, load_stage_config
 from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
@@ -91,12 +91,15 @@ def segments(owner_pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{owner_pid}_")]
 
 
-async def fault_then_recover(fault, reason: str = "", **engine_kwargs) -> None:
+async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineConfig = "cpu_tiny",
+                             **engine_kwargs) -> None:
     """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails within
     2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
     recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
     golden audio; at shutdown nothing is left."""
-    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), **engine_kwargs)
+    if isinstance(pipeline, str):
+        pipeline = load_stage_config(pipeline)
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, **engine_kwargs)
     await engine.start()
     old_pids = engine.stage_pids()
     try:
@@ -134,6 +137,26 @@ def test_killed_stage_fails_requests_fast_and_the_pipeline_restarts(stage):
         os.kill(engine.stage_pids()[stage], signal.SIGKILL)
         return stage
     asyncio.run(fault_then_recover(kill, reason="killed by signal SIGKILL"))
+
+
+@pytest.mark.parametrize("fault", ["kill", "code2wav control"])
+def test_the_fused_process_fails_whole_names_the_stage_and_restarts(fault):
+    """The fused layout (connector kind local): one process, both stages. A kill ends both and is reported as the
+    talker's (the process's main thread); code2wav's loop failing on its own thread ends the process with code2wav
+    named (a command it cannot decode: its control thread fails, then its loop)."""
+    def inject(engine):
+        pids = engine.stage_pids()
+        assert pids["talker"] == pids["code2wav"]
+        if fault == "kill":
+            os.kill(pids["talker"], signal.SIGKILL)
+            return "talker"
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
+            sock.connect(f"ipc://{engine.supervisor._ipc_dir}/code2wav")
+            sock.send(b"\xc1 not msgpack")
+            sock.close(linger=1000)
+        return "code2wav"
+    reason = "killed by signal SIGKILL" if fault == "kill" else "ThreadFailed: code2wav control thread failed"
+    asyncio.run(fault_then_recover(inject, reason=reason, pipeline=stage_config("local")))
 
 
 def test_stopped_stage_is_declared_hung_killed_and_restarted():
