@@ -15,18 +15,23 @@ TEXT_ONLY_CASES = [c for c in GOLDEN_CASES if c["variant"] != "tiny-base"]
 _loaded = {}
 
 
-def talker_for(variant: str):
-    if variant not in _loaded:
+def talker_for(variant: str, folded: bool = False):
+    """folded: the code predictor's embedding projections folded into tables (what Qwen3TTS loads)."""
+    if (variant, folded) not in _loaded:
         model_dir = str(FIXTURES / variant)
         cfg = Qwen3TTSConfig.load(model_dir)
         talker = load_component(lambda: Talker(cfg.talker), model_dir, "talker.")
-        _loaded[variant] = cfg, talker, PromptBuilder(cfg, load_text_tokenizer(model_dir))
-    return _loaded[variant]
+        if folded:
+            talker.code_predictor.fold_embedding_projections()
+            assert talker.code_predictor.projected_embeddings is not None  # the tiny talker has the projection
+        _loaded[variant, folded] = cfg, talker, PromptBuilder(cfg, load_text_tokenizer(model_dir))
+    return _loaded[variant, folded]
 
 
+@pytest.mark.parametrize("folded", [False, True], ids=["projections", "tables"])
 @pytest.mark.parametrize("case", TEXT_ONLY_CASES, ids=lambda c: c["name"])
-def test_prompt_and_codes_match_reference(case):
-    cfg, talker, builder = talker_for(case["variant"])
+def test_prompt_and_codes_match_reference(case, folded):
+    cfg, talker, builder = talker_for(case["variant"], folded)
     arrays = case_arrays(case)
     requests = case_requests(case)
     prompts = [builder.tokenize(r) for r in requests]
