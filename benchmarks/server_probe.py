@@ -76,7 +76,7 @@ async def stream_speech(session: aiohttp.ClientSession, url: str, body: dict, *,
     or hang up after `disconnect_after` bytes."""
     outcome = Outcome(status="error", started=time.monotonic())
     try:
-        async with session.post(url + "/v1/audio/speech", json=dict(body, stream=True, response_format="pcm"),
+        async with session.post(url + "/v1/audio/speech", json=dict(body, stream_format="audio", response_format="pcm"),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             outcome.status = r.status
             chunks = []

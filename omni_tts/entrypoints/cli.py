@@ -121,7 +121,10 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, gpt-4o-mini-tts, "
                         "gpt-4o-mini-tts-2025-12-15)")
     p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
-                                           "OpenAI voice name (default: such requests are refused)")
+                                           "OpenAI voice name (default: the checkpoint's first speaker)")
+    p.add_argument("--strict-fields", action="store_true",
+                   help="answer 400 to a speech request field the server does not know (default: ignore it, log "
+                        "one warning and name it in the x-omni-tts-ignored-fields response header)")
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices); "
                         "replicas given the same directory share them")

@@ -5,11 +5,12 @@ the primary) or, unless `--no-openai-aliases`, one of OpenAI's TTS model names, 
 
 Voices (`VoiceNames.choose`):
 - CustomVoice: a checkpoint speaker (any case), else an OpenAI voice name mapped by `openai_voice_map`; no voice →
-  `--default-voice`, else 400.
+  `--default-voice`, else the checkpoint's first speaker (vllm-omni has a default speaker too).
 - VoiceDesign: the voice comes from `instructions`; a `voice` (the `openai` SDK always sends one) is ignored and
   named in the `x-omni-tts-voice-ignored` response header.
-- Base: `voice` names an uploaded voice. Beside `ref_audio`, an OpenAI voice name that is not an uploaded voice is
-  ignored the same way; any other voice beside `ref_audio` is a 400 (which of the two was meant is unclear).
+- Base: `voice` names an uploaded voice. Beside `ref_audio`, a name that is not an uploaded voice is ignored the same
+  way and the reference is used (vllm-omni's voice-clone client always sends a `voice`); an uploaded voice's name
+  beside `ref_audio` is a 400 (which of the two was meant is unclear).
 """
 from __future__ import annotations
 
@@ -75,10 +76,11 @@ class VoiceNames:
     """The voice rules of one checkpoint (`model_type`: custom_voice | voice_design | base)."""
 
     def __init__(self, model_type: str, speakers: Sequence[str], default_voice: str | None = None) -> None:
+        """speakers: the checkpoint's, in its order (the first is the default voice)."""
         self.model_type = model_type
         self.speakers = sorted(speakers)
         self.openai = openai_voice_map(self.speakers) if model_type == "custom_voice" else {}
-        self.default = None
+        self.default = speakers[0].lower() if model_type == "custom_voice" and speakers else None
         if default_voice is not None:
             if model_type != "custom_voice":
                 raise ValueError(f"--default-voice needs a CustomVoice checkpoint; this one is {model_type}")
@@ -98,7 +100,7 @@ class VoiceNames:
         """The request's voice (`voice`: stripped, None when absent), or ApiError 400 naming the field."""
         if self.model_type == "custom_voice":
             if voice is None:
-                if self.default is None:
+                if self.default is None:  # a CustomVoice checkpoint without speakers
                     raise ApiError(400, f"voice is required; {self._available()}", "voice")
                 return VoiceChoice(speaker=self.default)
             speaker = self._speaker(voice)
@@ -113,10 +115,11 @@ class VoiceNames:
                                "ref_audio")
             return VoiceChoice()
         uploaded = is_uploaded(voice)
-        if has_ref_audio and not uploaded and voice.lower() in OPENAI_VOICES:
+        if has_ref_audio and not uploaded:
             return VoiceChoice(ignored=voice)
         if has_ref_audio:
-            raise ApiError(400, "give either voice (an uploaded voice) or ref_audio, not both", "voice")
+            raise ApiError(400, f"'{voice}' is an uploaded voice and ref_audio is given too: give one of them",
+                           "voice")
         if not uploaded:
             raise unknown_uploaded_voice(voice)
         return VoiceChoice(uploaded=voice)

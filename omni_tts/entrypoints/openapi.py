@@ -1,8 +1,9 @@
 """The HTTP API's OpenAPI 3.1 document, served at GET /openapi.json.
 
 The speech request and voice upload schemas are derived from `SpeechRequest` and `VoiceUpload` (msgspec), so the
-document states exactly what the server decodes (types, ranges, lengths, unknown fields refused); `model` is narrowed
-to the names the server answers to, which it enforces (404 otherwise). tests/entrypoints/test_openapi.py checks that
+document states exactly what the server decodes (types, ranges, lengths; unknown fields are allowed in a speech
+request, which ignores them, unless the server runs with --strict-fields); `model` is narrowed to the names the
+server answers to, which it enforces (404 otherwise). tests/entrypoints/test_openapi.py checks that
 every route of the app is documented, and tests/entrypoints/test_fuzz.py drives the server with inputs generated from
 this document. GET /docs renders it in the browser (static/docs.html, no outside host); GET / is the playground
 (playground.py).
@@ -117,11 +118,13 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
     _event("error", message={"type": "string"})]}
 
 
-def _request_schemas(model_names: Sequence[str]) -> dict:
+def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
     (_, _, client_message), schemas = msgspec.json.schema_components([SpeechRequest, VoiceUpload, ClientMessage],
                                                                      ref_template=_SCHEMAS + "{name}")
-    schemas["SpeechRequest"]["properties"]["model"]["enum"] = list(model_names)
-    schemas["SessionConfig"]["properties"]["model"]["anyOf"][0]["enum"] = list(model_names)
+    for name in ("SpeechRequest", "SessionConfig"):
+        schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = list(model_names)
+        if not strict_fields:  # protocol.decode_speech_options: ignored, and named in a header
+            del schemas[name]["additionalProperties"]
     upload = schemas["VoiceUpload"]["properties"]
     for field in VOICE_FORM_FILES:  # a file part, not base64 text (msgspec's JSON view of bytes)
         upload[field] = {"type": "string", "contentMediaType": "application/octet-stream"}
@@ -195,9 +198,9 @@ def _speech_stream_operation() -> dict:
             "400": _error("not a WebSocket upgrade request")}}
 
 
-def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict:
+def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_fields: bool = False) -> dict:
     """The document for an app answering to `model_names`; with `api_key_required` every route but OPEN_PATHS
-    declares the bearer scheme and its 401."""
+    declares the bearer scheme and its 401; with `strict_fields` a speech request's schema refuses unknown fields."""
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
@@ -264,7 +267,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
                  "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
                                 "envelope (ErrorResponse)."},
         "paths": paths,
-        "components": {"schemas": _request_schemas(model_names) | {
+        "components": {"schemas": _request_schemas(model_names, strict_fields) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
             "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
             "SpeechEvent": _SPEECH_EVENT}},
@@ -279,9 +282,10 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool) -> dict
     return document
 
 
-def openapi_routes(model_names: Sequence[str], api_key_required: bool) -> list[web.RouteDef]:
+def openapi_routes(model_names: Sequence[str], api_key_required: bool,
+                   strict_fields: bool = False) -> list[web.RouteDef]:
     """GET /openapi.json, answering the document serialized once, and GET /docs, the page that renders it."""
-    body = json.dumps(openapi_document(model_names, api_key_required)).encode()
+    body = json.dumps(openapi_document(model_names, api_key_required, strict_fields)).encode()
     page = importlib.resources.files("omni_tts.entrypoints").joinpath("static/docs.html").read_bytes()
 
     async def serve_openapi(request: web.Request) -> web.Response:

@@ -1,11 +1,14 @@
 """The HTTP API's request schemas (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions; the voice upload form) and
 error envelope.
 
-Decoding is strict: unknown fields, wrong types and out-of-range values are `ApiError`s (HTTP 400) naming the
-field, before anything is admitted.
+Wrong types and out-of-range values are `ApiError`s (HTTP 400) naming the field, before anything is admitted. A
+speech request's fields are read the way vLLM reads extra fields: `speaker` is another name for `voice` (vllm-omni's),
+and a field we do not know is ignored and named back to the client (`decode_speech_options`), unless the server
+runs with --strict-fields, where it is a 400 as in OpenAI's schema.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal
 
@@ -53,8 +56,8 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     """Everything of a speech request but its text and how the HTTP response streams: what a WebSocket session
     configures once for all its utterances. The sampling fields (max_new_tokens, seed, temperature, ...) and their
     ranges are SamplingParams', so the schema states them and they fail before admission."""
-    # OpenAI
-    model: Name
+    # OpenAI (model is required there; absent here it means the served model, as in vllm-omni)
+    model: Name | None = None
     voice: Name | VoiceId | None = None
     instructions: Text | None = None
     response_format: ResponseFormat = "mp3"
@@ -78,7 +81,7 @@ class SpeechRequest(SpeechOptions):
     """POST /v1/audio/speech."""
     input: Text
     stream_format: Literal["audio", "sse"] | None = None
-    stream: bool = False
+    stream: bool = False          # vllm-omni's switch: alone it means SSE; stream_format "audio" streams raw audio
 
     @property
     def streaming(self) -> bool:
@@ -91,7 +94,6 @@ class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     into requests. token: one request per utterance, its text growing while it runs (audio equal to the whole
     text's in the streaming layout); sentence / clause: one request per sentence or clause; none: one request per
     utterance, when it ends."""
-    model: Name | None = None                 # None: the served model
     response_format: ResponseFormat = "wav"
     split_granularity: Literal["token", "sentence", "clause", "none"] = "token"
     stream_audio: bool = False                # audio in binary frames as it is made, else whole per request
@@ -110,6 +112,11 @@ class SessionClose(msgspec.Struct, forbid_unknown_fields=True, tag="session.clos
 
 
 ClientMessage = SessionConfig | InputText | InputDone | SessionClose
+
+
+class MessageType(msgspec.Struct):
+    """A client message's type alone (its other fields are read by its own Struct)."""
+    type: str = ""
 
 
 class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -147,9 +154,48 @@ def _invalid(error: msgspec.ValidationError, what: str) -> ApiError:
     return ApiError(400, f"invalid '{param}': {message}" if param else message, param)
 
 
-def decode_speech_request(body: bytes) -> SpeechRequest:
-    """JSON body → SpeechRequest, or ApiError(400) naming the field."""
-    return decode_json(body, SpeechRequest)
+FIELD_ALIASES = {"speaker": "voice"}   # vllm-omni's names for our fields
+IGNORED_FIELDS_HEADER = "x-omni-tts-ignored-fields"
+MAX_NAMED_FIELDS, MAX_FIELD_NAME_CHARS = 16, 64
+
+
+def describe_fields(names: list[str]) -> str:
+    """Field names a client sent, for a header and a log line: ASCII with escapes (a name may hold control
+    characters), each cut to MAX_FIELD_NAME_CHARS, at most MAX_NAMED_FIELDS of them."""
+    shown = [json.dumps(name[:MAX_FIELD_NAME_CHARS])[1:-1] for name in names[:MAX_NAMED_FIELDS]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f", and {more} more" if more else "")
+
+
+def decode_speech_request(body: bytes, strict: bool = False) -> tuple[SpeechRequest, list[str]]:
+    """JSON body → (SpeechRequest, the fields ignored), or ApiError(400) naming the field."""
+    return decode_speech_options(body, SpeechRequest, strict)
+
+
+def decode_speech_options(body: bytes | str, type_: type, strict: bool,
+                          what: str = "request body") -> tuple[SpeechOptions, list[str]]:
+    """A JSON object → (`type_`, a SpeechOptions, and the names of the fields ignored, in their order): aliases
+    renamed (a field given under both names, differently, is a 400), unknown fields dropped, or a 400 when
+    `strict`. The values are decoded once, by `type_`, so a bad value's error is the same whatever else was sent."""
+    fields = set(type_.__struct_fields__)
+    if type_.__struct_config__.tag:
+        fields.add(type_.__struct_config__.tag_field)
+    raw = decode_json(body, dict[str, msgspec.Raw], what)
+    renamed = False
+    for alias, name in FIELD_ALIASES.items():
+        if alias in raw:
+            if name in raw and bytes(raw[name]) != bytes(raw[alias]):
+                raise ApiError(400, f"'{alias}' is another name for '{name}': give one of them", alias)
+            raw[name] = raw.pop(alias)
+            renamed = True
+    ignored = [key for key in raw if key not in fields]
+    if ignored and strict:
+        name = describe_fields(ignored[:1])
+        raise ApiError(400, f"unknown field '{name}' (the server runs with --strict-fields)", name)
+    if ignored or renamed:
+        body = b"{" + b",".join(msgspec.json.encode(key) + b":" + bytes(value)
+                                for key, value in raw.items() if key in fields) + b"}"
+    return decode_json(body, type_, what), ignored
 
 
 def decode_json(body: bytes | str, type_: type, what: str = "request body") -> object:

@@ -220,7 +220,8 @@ class StageClient:
         done = state.talker_done
         if done is None or not state.audio_done:
             return
-        usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows, output_frames=done.num_frames,
+        usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows,
+                      reference_frames=done.num_reference_frames, output_frames=done.num_frames,
                       audio_seconds=state.num_samples / SAMPLE_RATE, finish_reason=done.finish_reason)
         self._cancel_deadlines(state)
         state.queue.put_nowait(SpeechChunk(np.zeros(0, np.float32), usage))

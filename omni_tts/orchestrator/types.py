@@ -42,6 +42,7 @@ ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
 class Usage:
     input_tokens: int        # text tokens of the input
     prompt_rows: int         # talker prefill positions
+    reference_frames: int    # an ICL voice clone's reference codec frames in the prompt (audio input tokens)
     output_frames: int
     audio_seconds: float
     finish_reason: str       # "stop" | "length"

@@ -65,6 +65,7 @@ class TalkerDone(msgspec.Struct, tag=True):
     num_frames: int
     finish_reason: str
     num_prompt_rows: int = 0
+    num_reference_frames: int = 0    # an ICL voice clone's reference codes in the prompt (its audio input tokens)
     error: str | None = None
 
 

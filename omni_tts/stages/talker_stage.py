@@ -38,6 +38,7 @@ class TalkerStageRequest:
     chunker: FrameChunker | None = None      # from its admission into the engine on
     seq: int = 0                             # its next connector chunk
     num_prompt_rows: int = 0
+    num_reference_frames: int = 0
     num_frames: int = 0
 
     @property
@@ -175,6 +176,7 @@ class TalkerStage:
         request.num_prompt_rows = prefill.shape[0]
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
             codes = prompt.ref_codes.cpu().numpy()
+            request.num_reference_frames = codes.shape[0]
             for start in range(0, codes.shape[0], max_frames):
                 self._put(request, codes[start:start + max_frames], False, True)
 
@@ -191,7 +193,8 @@ class TalkerStage:
             request.num_frames += 1
         if finished:
             request_id = request.add.request_id
-            self.io.send(TalkerDone(request_id, request.num_frames, reason, request.num_prompt_rows))
+            self.io.send(TalkerDone(request_id, request.num_frames, reason, request.num_prompt_rows,
+                                    request.num_reference_frames))
             del self.requests[request_id]
 
 

@@ -111,7 +111,7 @@ def server():
 def test_metrics_follow_prometheus_naming(server):
     ok = dict(model=MODEL, input="Metrics.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=12)
     assert post(server, ok) == 200
-    assert post(server, dict(ok, stream=True)) == 200
+    assert post(server, dict(ok, stream_format="audio")) == 200
     assert post(server, dict(ok, model="tts-1", voice="alloy")) == 200
     assert post(server, data=b"{nope") == 400
     assert post(server, dict(ok, model="no-such-model")) == 404

@@ -142,7 +142,7 @@ def test_a_streamed_request_plays_from_its_first_packet(browser, cv_server):
     browser.find_element(By.ID, "speak").click()
     take = played_take(browser)
     pcm = api(cv_server, "/v1/audio/speech", dict(SAMPLING, model=MODEL, voice="ryan", input=text,
-                                                  task_type="CustomVoice", response_format="pcm", stream=True))
+                                                  task_type="CustomVoice", response_format="pcm", stream_format="audio"))
     assert take["mode"] == "speak" and take["received"] == len(pcm) // 2 > 0
     assert take["played"] == take["received"]  # every piece scheduled has played out
     e2e_ms = take["rtf"] * take["received"] / 24000 * 1000
@@ -272,6 +272,6 @@ def test_a_voice_uploaded_on_a_base_model_lists_and_speaks(browser, base_server)
     browser.find_element(By.ID, "speak").click()
     take = played_take(browser)
     pcm = api(base_server, "/v1/audio/speech", dict(SAMPLING, model=MODEL, voice="playground-voice", input=text,
-                                                    task_type="Base", response_format="pcm", stream=True))
+                                                    task_type="Base", response_format="pcm", stream_format="audio"))
     assert take["received"] == len(pcm) // 2 > 0 and take["played"] == take["received"]
     assert console_errors(browser) == []

@@ -58,7 +58,7 @@ def as_pcm(mode: str, body: bytes) -> bytes:
 async def speak(http: aiohttp.ClientSession, server: ServerProcess, text: str, mode: str,
                 **fields) -> tuple[int, str | None, bytes]:
     """(status, replica, PCM or error body) of one HTTP request: mode whole, stream (raw PCM) or sse."""
-    extra = {"whole": {}, "stream": {"stream": True}, "sse": {"stream_format": "sse"}}[mode]
+    extra = {"whole": {}, "stream": {"stream_format": "audio"}, "sse": {"stream_format": "sse"}}[mode]
     async with http.post(server.url + "/v1/audio/speech", json=payload(text, **extra, **fields)) as response:
         body = await response.read()
         pcm = as_pcm(mode, body) if response.status == 200 else body
@@ -68,7 +68,7 @@ async def speak(http: aiohttp.ClientSession, server: ServerProcess, text: str, m
 async def long_stream(http: aiohttp.ClientSession, server: ServerProcess, text: str,
                       started: asyncio.Queue) -> tuple[int, str | None, bytes]:
     """A streamed request that runs for seconds; its replica goes into `started` once its audio is flowing."""
-    async with http.post(server.url + "/v1/audio/speech", json=payload(text, stream=True, **LONG)) as response:
+    async with http.post(server.url + "/v1/audio/speech", json=payload(text, stream_format="audio", **LONG)) as response:
         replica = response.headers.get("x-omni-tts-replica")
         started.put_nowait(replica)
         return response.status, replica, await response.read()

@@ -226,7 +226,7 @@ def test_cors_only_for_the_allowed_origins(guarded_server, plain_server):
     assert "POST" in headers["Access-Control-Allow-Methods"]
     assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
     key = {"Authorization": f"Bearer {API_KEY}"}
-    speech = dict(model=MODEL, input="Hi.", voice="alloy", response_format="pcm", stream=True, max_new_tokens=4,
+    speech = dict(model=MODEL, input="Hi.", voice="alloy", response_format="pcm", stream_format="audio", max_new_tokens=4,
                   ref_audio=data_uri(CLIP), x_vector_only_mode=True)
     status, headers, _ = request(guarded_server.url + "/v1/audio/speech", speech, headers={**key, "Origin": APP_ORIGIN})
     assert status == 200 and headers["Access-Control-Allow-Origin"] == APP_ORIGIN

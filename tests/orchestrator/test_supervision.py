@@ -366,7 +366,7 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", "m")
     try:
         body = json.dumps({"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "pcm",
-                           "stream": True, "temperature": 0, "repetition_penalty": 1.0, "max_new_tokens": 2000})
+                           "stream_format": "audio", "temperature": 0, "repetition_penalty": 1.0, "max_new_tokens": 2000})
         streaming = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         streaming.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
         response = streaming.getresponse()

@@ -37,7 +37,7 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[ENGINE], app[CONFIG] = engine, config
     # refuses a --default-voice the checkpoint lacks before any stage starts
-    voice_names = VoiceNames(engine.config.tts_model_type, engine.prompts.speakers, config.default_voice)
+    voice_names = VoiceNames(engine.config.tts_model_type, list(engine.config.talker.spk_id), config.default_voice)
 
     async def lifecycle(app: web.Application):
         if owns_engine:
@@ -56,7 +56,8 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
         *INFO_ROUTES,
-        *openapi_routes(config.model_names, api_key_required=config.api_key is not None),
+        *openapi_routes(config.model_names, api_key_required=config.api_key is not None,
+                        strict_fields=config.strict_fields),
         *playground_routes(),
     ])
     return app

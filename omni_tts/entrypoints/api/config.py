@@ -12,7 +12,9 @@ from omni_tts.entrypoints.voices import QUOTA_BYTES
 class ServerConfig:
     served_model_names: tuple[str, ...]        # the `model` values clients send; the first is the primary
     openai_model_aliases: bool = True          # also answer to OpenAI's TTS model names (names.OPENAI_TTS_MODELS)
-    default_voice: str | None = None           # CustomVoice: the voice of a request that names none
+    default_voice: str | None = None           # CustomVoice: the voice of a request that names none (None: the
+                                               # checkpoint's first speaker)
+    strict_fields: bool = False                # a speech request's unknown field is a 400, not ignored
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
     allowed_local_media_path: str | None = None

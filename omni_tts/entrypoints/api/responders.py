@@ -34,9 +34,23 @@ async def _rest(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> Async
 
 
 def _usage_json(chunk: SpeechChunk) -> dict:
+    """OpenAI's usage (input: the text's tokens and an ICL reference's frames), with vllm-omni's split of the input."""
     u = chunk.usage
-    return {"input_tokens": u.input_tokens, "output_tokens": u.output_frames,
-            "total_tokens": u.input_tokens + u.output_frames}
+    inputs = u.input_tokens + u.reference_frames
+    return {"input_tokens": inputs, "output_tokens": u.output_frames, "total_tokens": inputs + u.output_frames,
+            "input_token_details": {"text_tokens": u.input_tokens, "audio_tokens": u.reference_frames}}
+
+
+def _usage_headers(usage: dict) -> dict[str, str]:
+    """A whole file's usage in headers, ours and vllm-omni's names."""
+    details = usage["input_token_details"]
+    headers = {"x-omni-tts-input-tokens": str(usage["input_tokens"]),
+               "x-omni-tts-output-tokens": str(usage["output_tokens"])}
+    for name, value in (("input", usage["input_tokens"]), ("output", usage["output_tokens"]),
+                        ("total", usage["total_tokens"]), ("input-text", details["text_tokens"]),
+                        ("input-audio", details["audio_tokens"])):
+        headers[f"x-vllm-omni-{name}-tokens"] = str(value)
+    return headers
 
 
 def _record_usage(request: web.Request, state: ServerState, chunk: SpeechChunk, arrived: float) -> None:
@@ -88,11 +102,10 @@ async def respond_whole(request: web.Request, state: ServerState, speech: Speech
         last = chunk
     _record_usage(request, state, last, arrived)
     data, seconds = await encode_whole(state, speech, parts)
-    usage = _usage_json(last)
-    return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers | {
-        "x-omni-tts-input-tokens": str(usage["input_tokens"]), "x-omni-tts-output-tokens": str(usage["output_tokens"]),
-        "x-omni-tts-finish-reason": last.usage.finish_reason,
-        "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
+    return web.Response(body=data, content_type=content_type(speech.response_format),
+                        headers=headers | _usage_headers(_usage_json(last)) | {
+                            "x-omni-tts-finish-reason": last.usage.finish_reason,
+                            "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,

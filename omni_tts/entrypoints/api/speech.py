@@ -3,18 +3,22 @@ one of the responders (responders.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from aiohttp import web
 
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER, VoiceChoice
-from omni_tts.entrypoints.protocol import REPLICA_HEADER, ApiError, SpeechRequest, decode_speech_request
+from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, REPLICA_HEADER, ApiError, SpeechRequest,
+                                           decode_speech_request, describe_fields)
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # JSON with a base64 reference clip
 
@@ -37,23 +41,28 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrived = time.monotonic()
     request[SPEECH_LOG] = SpeechLog()
-    speech = decode_speech_request(await read_body(request, state.config.body_read_timeout))
+    speech, ignored = decode_speech_request(await read_body(request, state.config.body_read_timeout),
+                                            state.config.strict_fields)
+    if ignored:
+        logger.warning("request %s: ignored unknown field(s): %s", request_id(request), describe_fields(ignored))
     check_output(speech, speech.streaming)
     if not speech.input.strip():
         raise ApiError(400, "input must not be empty", "input")
     voice = check_speech_request(state, speech)
+    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
+    if ignored:
+        headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await _speak(request, state, speech, voice, arrived, admission)
+        return await _speak(request, state, speech, voice, arrived, admission, headers)
 
 
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
-                 arrived: float, admission: Admission) -> web.StreamResponse:
+                 arrived: float, admission: Admission, headers: dict[str, str]) -> web.StreamResponse:
     """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
     stream = None
-    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     try:
         synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
         stream = state.engine.generate(synthesis, request_id=request_id(request),
@@ -69,10 +78,10 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
         state.metrics.ttfp.observe(log.ttfp)
         if not speech.streaming:
             respond = respond_whole
-        elif speech.stream_format == "sse":
-            respond = respond_sse
-        else:
+        elif speech.stream_format == "audio":
             respond = respond_audio_stream
+        else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)
+            respond = respond_sse
         return await respond(request, state, speech, first, stream, arrived, headers)
     finally:
         if stream is not None:

@@ -4,8 +4,10 @@ Client → server (JSON text messages): `session.config` (first; again between u
 `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
 Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
 channels}, binary audio frames (the whole file per request, or with stream_audio its pieces as they are made),
-`audio.done` {utterance_index, sentence_index, total_bytes}, `session.done` {utterance_index, total_sentences}, and
-`error` {message}, after which the server closes the connection and the session's requests end in the stages.
+`audio.done` {utterance_index, sentence_index, total_bytes, error: false}, `session.done` {utterance_index,
+total_sentences}, and `error` {message}, after which the server closes the connection and the session's requests end
+in the stages. session.config takes `speaker` for `voice` and ignores (and logs) fields it does not know, as an HTTP
+request does.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
@@ -31,7 +33,8 @@ from aiohttp import WSMsgType, web
 
 from omni_tts.audio.encoding import create_stream_encoder
 from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputDone, InputText,
-                                           SessionClose, SessionConfig, decode_json)
+                                           MessageType, SessionClose, SessionConfig, decode_json,
+                                           decode_speech_options, describe_fields)
 from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
@@ -128,10 +131,20 @@ class SpeechSession:
         size = len(message.data.encode("utf-8", "surrogatepass"))
         if size > MAX_CONFIG_BYTES:
             raise SessionError(f"message too large ({size} bytes; session.config may have {MAX_CONFIG_BYTES})")
-        decoded = decode_json(message.data, ClientMessage, "the message")
+        decoded = self._decode(message.data)
         if not isinstance(decoded, SessionConfig) and size > MAX_MESSAGE_BYTES:
             raise SessionError(f"message too large ({size} bytes; the limit is {MAX_MESSAGE_BYTES})")
         return decoded
+
+    def _decode(self, text: str) -> ClientMessage:
+        """A session.config is read as an HTTP request's fields are (aliases, unknown fields ignored and logged
+        unless --strict-fields); the other messages strictly."""
+        if decode_json(text, MessageType, "the message").type != "session.config":
+            return decode_json(text, ClientMessage, "the message")
+        config, ignored = decode_speech_options(text, SessionConfig, self.state.config.strict_fields, "the message")
+        if ignored:
+            logger.warning("speech stream: session.config: ignored unknown field(s): %s", describe_fields(ignored))
+        return config
 
     async def _handle(self, message: ClientMessage) -> None:
         if isinstance(message, SessionConfig):
@@ -208,7 +221,7 @@ class SpeechSession:
             total_bytes += len(data)
             await self.ws.send_bytes(data)
         await self.ws.send_json({"type": "audio.done", "utterance_index": self.utterance_index,
-                                 "sentence_index": sentence_index, "total_bytes": total_bytes})
+                                 "sentence_index": sentence_index, "total_bytes": total_bytes, "error": False})
 
 
 def check_text_length(text: str) -> None:

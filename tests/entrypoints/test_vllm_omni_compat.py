@@ -1,0 +1,163 @@
+"""vllm-omni's clients unmodified (issue 23, item 1), against a real server on loopback: requests without `model`,
+`speaker` for `voice`, a default CustomVoice speaker, Base with `voice` + `ref_audio`, unknown fields ignored (and
+named) or refused with --strict-fields, `stream: true` as SSE, vllm-omni's usage headers and SSE details, and the
+WebSocket's session.config read the same way."""
+import base64
+import json
+
+import pytest
+
+from conftest import FIXTURES
+from server_util import ServerProcess, request
+from test_server import GREEDY, MODEL, REF_TEXT, REF_WAV, assert_pcm_close, offline_pcm, parse_sse, upload_voice
+
+TEXT = "Hello there, vllm-omni client."
+
+
+@pytest.fixture(scope="module")
+def cv_server():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory):
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                           str(tmp_path_factory.mktemp("voices")))
+    yield server
+    server.stop()
+
+
+def speech(server, payload):
+    return request(server.url + "/v1/audio/speech", dict(GREEDY, response_format="pcm", **payload))
+
+
+def test_model_is_optional_speaker_is_voice_and_a_voice_defaults_to_the_first_speaker(cv_server):
+    expected = offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan")
+    for payload in ({"input": TEXT, "voice": "ryan"},                      # no model: the served one
+                    {"input": TEXT, "speaker": "ryan", "model": MODEL},   # vllm-omni's alias
+                    {"input": TEXT, "speaker": "Ryan", "voice": "Ryan"}):  # both, the same: fine
+        status, headers, body = speech(cv_server, payload)
+        assert status == 200, body[:300]
+        assert_pcm_close(body, expected)
+        assert "x-omni-tts-ignored-fields" not in headers
+    status, _, body = speech(cv_server, {"input": TEXT, "speaker": "ryan", "voice": "vivian"})
+    assert status == 400
+    assert json.loads(body)["error"]["param"] == "speaker" and "another name for 'voice'" in body.decode()
+    # no voice at all: the checkpoint's first speaker (its config's spk_id order), not a 400
+    first = next(iter(json.loads((FIXTURES / "tiny-custom-voice" / "config.json").read_text())["talker_config"]
+                      ["spk_id"]))
+    status, _, body = speech(cv_server, {"input": TEXT})
+    assert status == 200
+    assert_pcm_close(body, offline_pcm("tiny-custom-voice", text=TEXT, voice=first))
+
+
+def test_unknown_fields_are_ignored_named_and_logged(cv_server):
+    status, headers, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "extra_params": {"a": 1},
+                                               "word_timestamps": False, "speed_hint": "fast"})
+    assert status == 200
+    assert headers["x-omni-tts-ignored-fields"] == "extra_params, word_timestamps, speed_hint"
+    assert_pcm_close(body, offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan"))
+    warnings = [line for line in cv_server.output().splitlines() if "ignored unknown field(s)" in line]
+    assert len(warnings) == 1 and "extra_params, word_timestamps, speed_hint" in warnings[0]
+    # a known field of the wrong type is still a 400: only unknown names are let through
+    status, _, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "speed": "fast"})
+    assert status == 400 and json.loads(body)["error"]["param"] == "speed"
+
+
+def test_strict_fields_refuses_unknown_fields():
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--strict-fields")
+    try:
+        status, _, body = speech(server, {"input": TEXT, "voice": "ryan", "extra_params": {}})
+        assert status == 400
+        error = json.loads(body)["error"]
+        assert error["param"] == "extra_params" and "--strict-fields" in error["message"]
+        status, _, body = speech(server, {"input": TEXT, "speaker": "ryan"})  # an alias is not unknown
+        assert status == 200
+    finally:
+        server.stop()
+
+
+def test_stream_true_is_sse_with_vllm_omni_usage(cv_server):
+    expected = offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan")
+    status, headers, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = parse_sse(body)
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert_pcm_close(pcm, expected)
+    done = events[-1]
+    assert done["type"] == "speech.audio.done"
+    usage = done["usage"]
+    assert usage["input_token_details"] == {"text_tokens": usage["input_tokens"], "audio_tokens": 0}
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+    # with stream_format audio, raw audio as before
+    status, headers, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "stream": True,
+                                               "stream_format": "audio"})
+    assert status == 200 and not headers["Content-Type"].startswith("text/event-stream")
+    assert_pcm_close(body, expected)
+    # a whole file: both header families, the same numbers as the SSE usage
+    status, headers, _ = speech(cv_server, {"input": TEXT, "voice": "ryan"})
+    assert status == 200
+    assert headers["x-vllm-omni-input-tokens"] == headers["x-omni-tts-input-tokens"] == str(usage["input_tokens"])
+    assert headers["x-vllm-omni-output-tokens"] == str(usage["output_tokens"])
+    assert headers["x-vllm-omni-total-tokens"] == str(usage["total_tokens"])
+    assert headers["x-vllm-omni-input-text-tokens"] == str(usage["input_tokens"])
+    assert headers["x-vllm-omni-input-audio-tokens"] == "0"
+
+
+def test_base_voice_beside_ref_audio_uses_the_reference_and_says_so(base_server):
+    data_uri = "data:audio/wav;base64," + base64.b64encode(REF_WAV.read_bytes()).decode()
+    expected = offline_pcm("tiny-base", text=TEXT, ref_audio=str(REF_WAV), ref_text=REF_TEXT)
+    clone = {"input": TEXT, "ref_audio": data_uri, "ref_text": REF_TEXT}
+    status, headers, body = speech(base_server, dict(clone, voice="default"))  # vllm-omni's client sends one
+    assert status == 200, body[:300]
+    assert headers["x-omni-tts-voice-ignored"] == "default"
+    assert_pcm_close(body, expected)
+    # the ICL reference's frames are the audio input tokens
+    audio_tokens = int(headers["x-vllm-omni-input-audio-tokens"])
+    assert audio_tokens > 0
+    assert int(headers["x-vllm-omni-input-tokens"]) == int(headers["x-vllm-omni-input-text-tokens"]) + audio_tokens
+    # an uploaded voice's name beside ref_audio stays ambiguous: 400
+    upload_voice(base_server, "mine", REF_WAV.read_bytes(), ref_text=REF_TEXT)
+    status, _, body = speech(base_server, dict(clone, voice="mine"))
+    assert status == 400 and json.loads(body)["error"]["param"] == "voice"
+
+
+def test_websocket_session_config_takes_speaker_and_unknown_fields(cv_server):
+    import asyncio
+
+    import aiohttp
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+                await ws.send_json({"type": "session.config", "speaker": "ryan", "response_format": "pcm",
+                                    "split_granularity": "none", "unknown_knob": 3, **GREEDY})
+                await ws.send_json({"type": "input.text", "text": TEXT})
+                await ws.send_json({"type": "input.done"})
+                audio, events = b"", []
+                async for message in ws:
+                    if message.type == aiohttp.WSMsgType.BINARY:
+                        audio += message.data
+                        continue
+                    events.append(json.loads(message.data))
+                    if events[-1]["type"] in ("session.done", "error"):
+                        break
+                return audio, events
+    audio, events = asyncio.run(main())
+    assert [e["type"] for e in events] == ["audio.start", "audio.done", "session.done"], events
+    assert events[1]["error"] is False
+    assert_pcm_close(audio, offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan"))
+    assert any("session.config: ignored unknown field(s): unknown_knob" in line
+               for line in cv_server.output().splitlines())
+
+
+def test_ignored_field_names_are_escaped_and_bounded(cv_server):
+    """A client's field names reach a header and the log: control characters escaped, the list bounded."""
+    names = {"bad\r\nX-Injected: 1": 1, "é": 2, **{f"f{i}": i for i in range(20)}}
+    status, headers, _ = speech(cv_server, {"input": TEXT, "voice": "ryan", **names})
+    assert status == 200 and "X-Injected" not in headers
+    assert headers["x-omni-tts-ignored-fields"] == ("bad\\r\\nX-Injected: 1, \\u00e9, " +
+                                                    ", ".join(f"f{i}" for i in range(14)) + ", and 6 more")
