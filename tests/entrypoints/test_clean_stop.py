@@ -150,7 +150,9 @@ def test_second_ctrl_c_ends_the_streams_at_once():
     assert shm_segments(pid) == [] and stage_pids(pid) == []
 
 
-def test_first_ctrl_c_lets_the_streams_finish():
+@pytest.mark.parametrize("first", ["ctrl-c", "sigterm"])
+def test_first_ctrl_c_lets_the_streams_finish(first):
+    """SIGTERM (what Kubernetes sends the server's process alone) drains as the first Ctrl+C does."""
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
     try:
         async def main():
@@ -161,7 +163,7 @@ def test_first_ctrl_c_lets_the_streams_finish():
                 started = asyncio.Event()
                 stream = asyncio.create_task(http_stream(http, server.url, started))
                 await asyncio.wait_for(started.wait(), 60)
-                ctrl_c(server)
+                ctrl_c(server) if first == "ctrl-c" else server.proc.terminate()
                 drain = await wait_for_output(server, DRAIN)
                 assert int(drain.group(1)) >= len(held)
                 await asyncio.get_running_loop().run_in_executor(None, assert_refused, server)
