@@ -25,10 +25,11 @@ if TYPE_CHECKING:  # imported where they are used: the loading server answers be
 
     from .config import ServerConfig
 
+    # what loading yields: the engine (not started), the app's config and the line to log once it serves
+    Loaded = tuple[TTSClient, ServerConfig, str]
+
 logger = logging.getLogger("omni_tts.serve")
 
-# what loading yields: the engine (not started), the app's config and the line to log once it serves
-Loaded = tuple["TTSClient", "ServerConfig", str]
 LOADING = "the server is loading the model; retry shortly"
 # seconds the handlers of ended requests get to write their ends (an error event, a cut stream) before they are
 # cancelled; after a drain only refusals and idle connections are left, which take far less
@@ -123,8 +124,9 @@ async def _loading_server(sock: socket.socket) -> web.AppRunner:
     """Answers every request 503 (and closes the connection: none outlives the loading) on `sock`."""
     async def loading(request: web.Request) -> web.Response:
         # loading takes seconds to minutes: a probe or client need not come back within the second
-        return web.json_response(ApiError(503, LOADING).body(), status=503,
-                                 headers={"Retry-After": "5", "Connection": "close"})
+        response = web.json_response(ApiError(503, LOADING).body(), status=503, headers={"Retry-After": "5"})
+        response.force_close()
+        return response
 
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", loading)
