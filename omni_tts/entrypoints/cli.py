@@ -285,8 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse reports an option no subcommand knows as the top-level parser's; it is the subcommand's usage error
+    (`omni-tts serve: error: unrecognized arguments: …`)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subcommands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     configure_logging(getattr(logging, args.log_level.upper()))
     handlers = {"serve": _serve, "serve-ray": _serve_ray, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
     try:

@@ -1,6 +1,7 @@
 """The serve bootstrap that `omni-tts serve` and `omni-tts serve-ray` share: bind the port before the model
 loads, load the checkpoint and stage config, build the engine (`serve_on`; serve_ray.py builds its own), serve the
-app until SIGINT/SIGTERM and say `ready: …` once it serves."""
+app until SIGINT/SIGTERM (`api/lifecycle.py`: 503 while loading, a drain, a second signal ends it now) and say
+`ready: …` once it serves."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ def serve_with(serve: Callable[[socket.socket, argparse.Namespace, UrlPolicy | N
 
 def _listen(host: str, port: int) -> socket.socket:
     """The server's socket, listening before the model loads: a busy port fails at once, no other process can take
-    the port meanwhile, and connections made while the model loads wait in the backlog until it serves."""
+    the port meanwhile, and connections made while the model loads are answered (503, `api/lifecycle.py`)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -52,20 +53,23 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
-    """Load the model, then serve on `listener` until SIGINT/SIGTERM (exit status 0) or the engine gives up (1)."""
-    from omni_tts.orchestrator.async_tts import AsyncTTS
-
-    model_dir, stage_config, pipeline, names = load_checkpoint(args)
+    """Answer 503 on `listener` while the model loads, then serve until SIGINT/SIGTERM (`api/lifecycle.py`)."""
     prepare_server_process()
-    engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
-                      max_restarts=args.max_restarts)
-    # giving up ends the process like a SIGTERM (graceful: answers in progress end, stages stop), exit status 1
-    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
-    url = listener_url(listener)
-    logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
-                stage_config, url)
-    return run_server(listener, args, engine, server_config(args, names, ref_audio_urls),
-                      ready_line(engine, model_dir, names, url))
+
+    def load() -> tuple[AsyncTTS, ServerConfig, str]:
+        from omni_tts.orchestrator.async_tts import AsyncTTS
+
+        model_dir, stage_config, pipeline, names = load_checkpoint(args)
+        engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
+                          max_restarts=args.max_restarts)
+        # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
+        engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+        url = listener_url(listener)
+        logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
+                    stage_config, url)
+        return engine, server_config(args, names, ref_audio_urls), ready_line(engine, model_dir, names, url)
+
+    return run_server(listener, args, load)
 
 
 def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
@@ -73,11 +77,12 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig,
     served model names."""
     import torch
 
-    from omni_tts.config import load_stage_config
+    from omni_tts.config import load_stage_config, set_torch_threads
     from omni_tts.entrypoints.names import default_served_model_name
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 
+    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
     names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
@@ -89,14 +94,11 @@ def prepare_server_process() -> None:
 
     import prometheus_client
 
-    from omni_tts.config import set_torch_threads
-
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
     # prometheus_client's text format shows each counter's and histogram's creation time as a gauge family of its
     # own (`…_created`, unit-less): noise beside the conventional names of /metrics
     prometheus_client.disable_created_metrics()
@@ -116,27 +118,32 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
         stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields)
 
 
-def run_server(listener: socket.socket, args: argparse.Namespace, engine: TTSClient, config: ServerConfig,
-               ready: str) -> int:
-    """Serve `engine`'s app on `listener` until SIGINT/SIGTERM (0), or until it does not start or gives up (1)."""
-    from aiohttp import web
+def run_server(listener: socket.socket, args: argparse.Namespace,
+               load: Callable[[], tuple[TTSClient, ServerConfig, str]]) -> int:
+    """Serve what `load` builds (the engine, the app's config, the ready line) on `listener` until SIGINT/SIGTERM:
+    0 after a drain, 130 after a second Ctrl-C (`api/lifecycle.py`); 1 when it does not start or gives up."""
+    from omni_tts.entrypoints.api.lifecycle import serve
 
-    from omni_tts.entrypoints.api.access_log import AccessLogger
-    from omni_tts.entrypoints.api.app import build_app
-    from omni_tts.orchestrator.types import StageDeadError
+    engines: list[TTSClient] = []
 
-    app = build_app(engine, config)
-    try:  # aiohttp calls `print` once the app is up and serving on the socket: the moment to say so
-        web.run_app(app, sock=listener, handler_cancellation=True, keepalive_timeout=args.keepalive_timeout,
-                    print=lambda _banner: logger.info("%s", ready),
-                    access_log_class=AccessLogger, access_log=logging.getLogger("omni_tts.access"))
-    except StageDeadError as e:  # a stage did not start
-        print_error(args.command, f"the pipeline did not start: {e}")
+    def load_engine() -> tuple[TTSClient, ServerConfig, str]:
+        loaded = load()
+        engines.append(loaded[0])
+        return loaded
+
+    try:
+        status = serve(listener, load_engine, args.keepalive_timeout)
+    except Exception as e:
+        from omni_tts.orchestrator.types import StageDeadError  # not before: the socket answers before torch loads
+
+        if not isinstance(e, StageDeadError):
+            raise
+        print_error(args.command, f"the pipeline did not start: {e}")  # a stage did not start
         return 1
-    if engine.fatal is not None:
-        print_error(args.command, engine.fatal)
+    if engines and engines[0].fatal is not None:
+        print_error(args.command, engines[0].fatal)
         return 1
-    return 0
+    return status
 
 
 def listener_url(listener: socket.socket) -> str:

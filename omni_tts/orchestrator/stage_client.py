@@ -55,8 +55,9 @@ class StageClient:
         await self.supervisor.start()
 
     async def shutdown(self) -> None:
-        await self.supervisor.shutdown()
+        # what is in flight fails first: its consumers end at once rather than after the stages have stopped
         self.fail_all(StageDeadError("the engine is shutting down"))
+        await self.supervisor.shutdown()
 
     # --- requests -------------------------------------------------------------------------------------------
     def add(self, request_id: str, input_tokens: int) -> RequestState:

@@ -145,7 +145,7 @@ class StageSupervisor:
 
     def on_stage_failed(self, name: str, message: str, traceback: str) -> None:
         stage = self.stages[name]
-        serving = stage.ready.done() and stage.ready.exception() is None
+        serving = _serving(stage)
         # at start-up the message reaches the caller (start() raises it); the traceback is for debugging
         logger.log(logging.ERROR if serving else logging.DEBUG, "stage %s failed:\n%s", name, traceback)
         if not stage.reported.done():
@@ -198,8 +198,14 @@ class StageSupervisor:
         for process_name, entry, names in processes:
             process = spawn.Process(target=entry, args=tuple(msgspec.msgpack.encode(launches[n]) for n in names),
                                     name=f"omni-tts-{process_name}", daemon=True)
-            with stage_environment(names[0]):
-                process.start()
+            # Ctrl+C signals the whole process group: blocked from the fork on (the mask outlives exec), a stage never
+            # sees it while it imports torch, before run_stages ignores it (here it is delivered once restored)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                with stage_environment(names[0]):
+                    process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for name in names:
                 command = self._ctx.socket(zmq.PUSH)
                 command.setsockopt(zmq.LINGER, 0)
@@ -207,10 +213,12 @@ class StageSupervisor:
                 self.stages[name] = StageProcess(name, process, command)
             # a process's exit is watched once; a stage that failed names itself in its StageFailed
             loop.add_reader(process.sentinel, self._on_stage_exit, self.stages[names[0]])
-        try:
-            await asyncio.wait_for(asyncio.gather(*(s.ready for s in self.stages.values())), self.startup_timeout)
-        except TimeoutError:
-            raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s") from None
+        done, pending = await asyncio.wait([s.ready for s in self.stages.values()], timeout=self.startup_timeout,
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        for ready in done:
+            ready.result()  # a stage failed to start (wait_for(gather()), cancelled, would log an unretrieved error)
+        if pending:
+            raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s")
 
     def _launch(self, name: str, command_address: str) -> StageLaunch:
         """What stage `name`'s process needs to run it in the pipeline being started."""
@@ -231,19 +239,21 @@ class StageSupervisor:
                                     "lanes": code2wav_lanes(self.pipeline, self.threads)}))
 
     async def _stop_pipeline(self, graceful: bool) -> None:
-        """Stop the stages (gracefully, else kill them at once), then drop the connector, sockets and tasks."""
+        """Stop the stages (gracefully, else kill them at once; one still loading reads no command: killed), then drop
+        the connector, sockets and tasks."""
         loop = asyncio.get_running_loop()
+        loading = {stage.name for stage in self.stages.values() if not _serving(stage)}
         for stage in self.stages.values():
             loop.remove_reader(stage.process.sentinel)
             if stage.exit_wait is not None:
                 stage.exit_wait.cancel()
-            if graceful and stage.process.is_alive():
+            if graceful and stage.name not in loading and stage.process.is_alive():
                 try:
                     await stage.command.send(self._encoder.encode(Shutdown()))
                 except zmq.ZMQError:
                     pass
         for stage in self.stages.values():
-            if not graceful and stage.process.is_alive():
+            if (not graceful or stage.name in loading) and stage.process.is_alive():
                 stage.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
             await loop.run_in_executor(None, _stop_process, stage.process)
             stage.command.close(linger=0)
@@ -351,6 +361,10 @@ class StageSupervisor:
             self.down = self.down_reason = None
             logger.warning("pipeline restarted after stage %s failed (restart %d)", name, sum(self.restarts.values()))
             return
+
+
+def _serving(stage: StageProcess) -> bool:  # it reported Ready: it has loaded and runs its loop
+    return stage.ready.done() and not stage.ready.cancelled() and stage.ready.exception() is None
 
 
 def check_devices(pipeline: PipelineConfig) -> None:

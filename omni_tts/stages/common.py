@@ -126,8 +126,10 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     `fail_process`). torch's intra-op thread count is the process's, and every loop's ops use it while the loops run
     at once, so the process takes the largest stage share, not the sum (fused on 2 cores, 8 tiny requests: 1.71 s
     with the sum, 0.54 s with the largest, 0.47 s as two processes)."""
-    # Ctrl+C in a terminal signals the whole process group; the server stops its stages itself (Shutdown)
+    # Ctrl+C in a terminal signals the whole process group; the server stops its stages itself (Shutdown). The
+    # server spawned this process with SIGINT blocked, so none arrived before now: ignored, it can be unblocked
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     launches = [msgspec.msgpack.decode(b, type=StageLaunch) for b in launches_bytes]
     _name_process("omni-tts-" + (launches[0].stage if len(launches) == 1 else "fused"))
     configure_logging(launches[0].log_level)  # a spawned process inherits no logging config

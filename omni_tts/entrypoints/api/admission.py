@@ -4,12 +4,13 @@ from __future__ import annotations
 from omni_tts.entrypoints.protocol import ApiError
 
 from .errors import unavailable_message
+from .in_flight import STOPPING
 from .state import ServerState
 
 
 class Admission:
     """An admitted speech request's slot among --max-queue, and the gauges that count it (with: raises 429 when
-    the server is at capacity, 503 while a stage is down)."""
+    the server is at capacity, 503 while a stage is down or the server shuts down)."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -19,6 +20,8 @@ class Admission:
         state = self.state
         if state.admitted >= state.config.max_queue:
             raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
+        if state.in_flight.closed:
+            raise ApiError(503, STOPPING)
         if not state.engine.is_healthy:
             raise ApiError(503, unavailable_message(state.engine))
         state.admitted += 1

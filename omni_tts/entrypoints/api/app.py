@@ -21,6 +21,7 @@ from .auth import SPEECH_STREAM_PATH, api_key_middleware
 from .config import ServerConfig
 from .cors import Cors
 from .errors import error_middleware
+from .in_flight import InFlight
 from .info import INFO_ROUTES
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
 from .speech_stream import speech_stream
@@ -31,7 +32,8 @@ from .voice_routes import VOICE_ROUTES
 def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True) -> web.Application:
     """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
     cors = Cors(config.allowed_origins)
-    middlewares = [cors.middleware(), count_speech_requests, error_middleware]
+    in_flight = InFlight()
+    middlewares = [in_flight.middleware, cors.middleware(), count_speech_requests, error_middleware]
     if config.api_key:
         middlewares.append(api_key_middleware(config.api_key))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
@@ -42,7 +44,7 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
     async def lifecycle(app: web.Application):
         if owns_engine:
             await engine.start()
-        state = app[STATE] = ServerState(engine, config, voice_names)
+        state = app[STATE] = ServerState(engine, config, voice_names, in_flight)
         yield
         await state.close()
         if owns_engine:

@@ -60,6 +60,11 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except REQUEST_ERRORS as e:
         return error_response(api_error(e))
+    except web.HTTPMethodNotAllowed as e:
+        response = error_response(ApiError(405, f"{request.method} is not allowed on {request.path}; allowed: "
+                                                f"{', '.join(sorted(e.allowed_methods))}", code="method_not_allowed"))
+        response.headers["Allow"] = e.headers["Allow"]
+        return response
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
             return error_response(ApiError(e.status, e.reason))

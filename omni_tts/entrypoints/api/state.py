@@ -16,6 +16,7 @@ from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.stages.protocol import StageStats
 
 from .config import ServerConfig
+from .in_flight import InFlight
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ class ServerState:
     nothing in it may wait on anything but the CPU. The voice store's calls, which may wait on the replicas' file
     lock, run in `voice_pool` instead, so a held lock never stalls an encoder."""
 
-    def __init__(self, engine: TTSClient, config: ServerConfig, voice_names: VoiceNames) -> None:
+    def __init__(self, engine: TTSClient, config: ServerConfig, voice_names: VoiceNames, in_flight: InFlight) -> None:
         self.engine, self.config, self.voice_names = engine, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
@@ -35,6 +36,7 @@ class ServerState:
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
+        self.in_flight = in_flight
         self._stage_stats: asyncio.Task | None = None
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:

@@ -25,11 +25,12 @@ def resolve_model_dir(model: str) -> str:
 
     try:
         return snapshot_download(model, etag_timeout=10)
-    except LocalEntryNotFoundError as e:
+    except LocalEntryNotFoundError:  # its text is several lines about huggingface_hub's own settings
         raise WeightsError(f"model {model!r} is not a local directory and could not be downloaded from the Hugging "
-                           f"Face Hub (offline, or not in the local cache): {e}") from None
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise WeightsError(f"model {model!r}: could not be fetched from the Hugging Face Hub: {e}") from None
+                           "Face Hub (offline, or not in the local cache)") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:  # the first line says what happened; more lines say how
+        raise WeightsError(f"model {model!r}: could not be fetched from the Hugging Face Hub: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
 
 
 def safetensors_files(directory: str, name: str = "model.safetensors") -> list[str]:

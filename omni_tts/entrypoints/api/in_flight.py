@@ -1,0 +1,57 @@
+"""The requests a server is answering, counted until their answer is written (`middleware`), so that a stopping
+server can refuse new ones (`close`: 503) and wait for these (`wait_idle`)."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from omni_tts.entrypoints.protocol import ApiError
+
+from .errors import error_response
+
+STOPPING = "the server is shutting down; retry shortly"
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self.count = 0
+        self.closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def close(self) -> None:
+        """From now on requests are refused (503)."""
+        self.closed = True
+
+    async def wait_idle(self) -> None:
+        """Returns once no request is in flight."""
+        await self._idle.wait()
+
+    def _enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        if self.closed:
+            response = error_response(ApiError(503, STOPPING))
+            response.force_close()  # a keep-alive connection would only bring the next request here
+            return response
+        self._enter()
+        try:
+            response = await handler(request)
+            if not response.prepared:  # written here rather than after the handler returns: it counts until sent
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        finally:
+            self._leave()
