@@ -4,7 +4,6 @@ G.711 bytes that FFmpeg's and libsndfile's decoders read back within the codec's
 import io
 import struct
 
-import av
 import numpy as np
 import pytest
 import soundfile as sf
@@ -15,9 +14,9 @@ from omni_tts.audio.encoding import (content_type, create_stream_encoder, encode
 from omni_tts.audio.g711 import alaw_bytes, ulaw_bytes
 from omni_tts.audio.pcm import FORMATS, to_int16, wav_header
 from omni_tts.audio.resample import SAMPLE_RATES, Resampler
+from audio_util import G711, decode, g711_bound, g711_decode
 
 SR = 24000
-G711 = {"ulaw": ("pcm_mulaw", 7), "alaw": ("pcm_alaw", 6)}  # FFmpeg decoder, WAV format tag
 MP3_STREAM_DELAY = 1105  # LAME's encoder delay, which only a whole file's Xing/LAME header lets a decoder skip
 ODD_CHUNKS = (1920, 1, 0, 4800, 777, 7680)
 
@@ -40,25 +39,6 @@ def chunks(x, sizes=ODD_CHUNKS):
 def streamed(fmt, x, sample_rate=None):
     enc = create_stream_encoder(fmt, SR, sample_rate)
     return enc.start() + b"".join(enc.encode(c) for c in chunks(x)) + enc.finish()
-
-
-def g711_decode(fmt: str, data: bytes) -> np.ndarray:
-    """G.711 bytes → int16 through FFmpeg's own decoder (pcm_mulaw / pcm_alaw)."""
-    ctx = av.CodecContext.create(G711[fmt][0], "r")
-    ctx.sample_rate, ctx.layout = 8000, "mono"
-    return np.concatenate([f.to_ndarray().reshape(-1) for f in ctx.decode(av.Packet(data))])
-
-
-def g711_bound(reference: np.ndarray) -> np.ndarray:
-    """The largest error G.711 makes at each sample: half a step of its segment, the steps being ~1/16 of the
-    magnitude (mu-law's bias 132 sets the smallest), and the clip above 32124 (mu-law) / 32256 (A-law)."""
-    return (np.abs(reference.astype(np.int64)) + 132) / 16
-
-
-def decode(data: bytes):
-    with av.open(io.BytesIO(data)) as c:
-        rate = c.streams.audio[0].sample_rate
-        return np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)]), rate
 
 
 # --------------------------------------------------------------------------------------------------------------------
