@@ -5,7 +5,8 @@ content types are encoding.py's."""
 from __future__ import annotations
 
 import struct
-from typing import Callable, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
