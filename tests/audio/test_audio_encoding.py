@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, sample_rates
+from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio
 from omni_tts.audio.pcm import FORMATS, StreamEncoder, to_int16, wav_header
 from omni_tts.audio.speed import change_speed
 
