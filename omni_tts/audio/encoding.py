@@ -1,30 +1,32 @@
 """Audio encoding for `/v1/audio/speech`: whole files and incremental streams.
 
-Input everywhere is float32 mono audio in [-1, 1] (Qwen3-TTS produces 24 kHz).
+Input everywhere is float32 mono audio in [-1, 1] at `input_rate` (Qwen3-TTS produces 24 kHz).
 
-Formats (OpenAI `response_format`):
+Formats (OpenAI `response_format`, plus G.711 for telephony):
 
-| fmt    | bytes produced                                   | content type | encoder                     |
-|--------|--------------------------------------------------|--------------|-----------------------------|
-| `pcm`  | 16-bit signed little-endian mono, no header      | `audio/pcm`  | :func:`to_int16`            |
-| `wav`  | 44-byte RIFF/WAVE header + 16-bit PCM            | `audio/wav`  | :func:`to_int16` + header   |
-| `flac` | native FLAC (`fLaC` stream), 16-bit, lossless    | `audio/flac` | FFmpeg `flac` (PyAV)        |
-| `mp3`  | MPEG audio, 64 kb/s CBR                          | `audio/mpeg` | LAME (`libmp3lame`, PyAV)   |
-| `opus` | Opus in Ogg, 32 kb/s                             | `audio/ogg`  | libopus (PyAV), Ogg muxer   |
-| `aac`  | AAC-LC in ADTS frames, 64 kb/s                   | `audio/aac`  | FFmpeg native `aac` (PyAV)  |
+| fmt        | bytes produced                                   | content type         | encoder                    |
+|------------|--------------------------------------------------|----------------------|----------------------------|
+| `pcm`      | 16-bit signed little-endian mono, no header      | `audio/pcm`          | :func:`to_int16`           |
+| `wav`      | 44-byte RIFF/WAVE header + 16-bit PCM            | `audio/wav`          | :func:`to_int16` + header  |
+| `ulaw`     | G.711 mu-law bytes, 8 kHz, no header             | `audio/basic`        | g711.py                    |
+| `alaw`     | G.711 A-law bytes, 8 kHz, no header              | `audio/x-alaw-basic` | g711.py                    |
+| `ulaw_wav` | 58-byte WAV header (format tag 7) + mu-law bytes | `audio/wav`          | g711.py + header           |
+| `alaw_wav` | 58-byte WAV header (format tag 6) + A-law bytes  | `audio/wav`          | g711.py + header           |
+| `flac`     | native FLAC (`fLaC` stream), 16-bit, lossless    | `audio/flac`         | FFmpeg `flac` (PyAV)       |
+| `mp3`      | MPEG audio, 64 kb/s CBR                          | `audio/mpeg`         | LAME (`libmp3lame`, PyAV)  |
+| `opus`     | Opus in Ogg, 32 kb/s                             | `audio/ogg`          | libopus (PyAV), Ogg muxer  |
+| `aac`      | AAC-LC in ADTS frames, 64 kb/s                   | `audio/aac`          | FFmpeg native `aac` (PyAV) |
 
 `pcm` is labelled `audio/pcm`, the convention of OpenAI-compatible TTS servers (the format carries no rate in its
-name: it is `sample_rate` Hz, 16-bit LE, mono; 24 kHz for Qwen3-TTS). Servers that prefer the generic label may send
-`application/octet-stream` instead; nothing here depends on it.
+name: it is `sample_rate` Hz, 16-bit LE, mono). `audio/basic` is RFC 2046's 8 kHz mono mu-law.
 
-**int16 conversion** (:func:`to_int16`, shared by `pcm`, `wav`, `flac`, whole-file and streaming alike): NaN → 0,
+**int16 conversion** (:func:`to_int16`, shared by pcm, wav, flac and G.711, whole-file and streaming alike): NaN → 0,
 clip to [-1, 1], multiply by 32767, round half to even (`np.rint`), cast to int16. So ±1.0 → ±32767 (never -32768).
 
-**Sample rates.** Each codec is fed the input rate when it supports it (24 kHz: all of them). Otherwise the audio is
-resampled with soxr (HQ) to the smallest rate the codec supports above the input rate (or its highest rate):
-libopus takes 8/12/16/24/48 kHz, LAME 8–48 kHz (MPEG 1/2/2.5 rates), AAC the MPEG-4 rates, FLAC/WAV/PCM any rate.
-:func:`encoded_sample_rate` tells which rate a format will carry. Ogg Opus always records the input rate in its
-header and decodes at 48 kHz in most decoders; that is normal for Opus.
+**Sample rates** (:func:`output_sample_rate`): a response carries one of `SAMPLE_RATES` that its codec takes
+(libopus: no 22050 or 44100; G.711: 8000 only); by default the input's rate (G.711: 8000). The stream encoder owns
+one soxr resampler from the input rate (resample.py), so a streamed response's samples equal the whole file's.
+Ogg Opus decodes at 48 kHz in most decoders whatever rate it was encoded at; that is normal for Opus.
 
 **Empty audio** is rejected by :func:`encode_audio` with ``ValueError``: an empty result is an error for the speech
 endpoint (serving contract: "empty result → error, never an empty 200"). A stream encoder that is finished without
@@ -32,9 +34,9 @@ any audio still returns its (header-only) bytes, because the response has alread
 
 **Streaming** (:func:`create_stream_encoder`): one encoder and one container per response, never a header per chunk.
 
-* `pcm`: raw int16 bytes per chunk; the concatenation equals :func:`encode_audio`'s output.
-* `wav`: :meth:`StreamEncoder.start` returns one 44-byte header whose RIFF and data size fields are both
-  ``0xFFFFFFFF`` ("unknown length", as vllm-omni sends), then raw int16 bytes per chunk.
+* `pcm`, `ulaw`, `alaw`: raw bytes per chunk; the concatenation equals :func:`encode_audio`'s output.
+* `wav`, `ulaw_wav`, `alaw_wav`: :meth:`StreamEncoder.start` returns one header whose size fields are all
+  ``0xFFFFFFFF`` ("unknown length", as vllm-omni sends), then raw samples per chunk.
 * `mp3`, `opus`, `aac`, `flac`: one PyAV encoder writing into a non-seekable sink; each call returns the bytes the
   codec and muxer released so far (encoders hold back a few ms of look-ahead; FLAC releases per 4608-sample block;
   Ogg pages are closed every 20 ms packet when streaming so that no audio waits for the next chunk).
@@ -48,14 +50,16 @@ any audio still returns its (header-only) bytes, because the response has alread
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
-from omni_tts.audio.pcm import (BaseStreamEncoder, PcmStreamEncoder, StreamEncoder, WavStreamEncoder,
-                                check_rate, check_samples, normalize_format, pcm_bytes, to_int16, wav_header)
+from omni_tts.audio.pcm import (UNCOMPRESSED, BaseStreamEncoder, RawStreamEncoder, StreamEncoder, WavStreamEncoder,
+                                check_rate, check_samples, normalize_format, to_int16)
+from omni_tts.audio.resample import SAMPLE_RATES
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 _CONTENT_TYPES = {
@@ -65,6 +69,10 @@ _CONTENT_TYPES = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",
+    "ulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
+    "ulaw_wav": "audio/wav",
+    "alaw_wav": "audio/wav",
 }
 
 
@@ -103,27 +111,34 @@ def _import_av():
     return av
 
 
-_RATE_CACHE: dict[str, tuple[int, ...] | None] = {}
+_G711_RATE = 8000
 
 
-def _codec_rates(codec: str) -> tuple[int, ...] | None:
-    if codec not in _RATE_CACHE:
-        rates = _import_av().Codec(codec, "w").audio_rates
-        _RATE_CACHE[codec] = tuple(sorted(rates)) if rates else None
-    return _RATE_CACHE[codec]
-
-
-def encoded_sample_rate(fmt: str, sample_rate: int) -> int:
-    """Sample rate the encoded `fmt` stream carries for input at `sample_rate` (equal unless the codec lacks it)."""
+def sample_rates(fmt: str) -> tuple[int, ...]:
+    """The rates of SAMPLE_RATES a `fmt` response can carry."""
     fmt = normalize_format(fmt)
-    sample_rate = check_rate(sample_rate)
-    if fmt not in _AV_SPECS:
-        return sample_rate
-    rates = _codec_rates(_AV_SPECS[fmt].codec)
-    if rates is None or sample_rate in rates:
-        return sample_rate
-    higher = [r for r in rates if r >= sample_rate]
-    return higher[0] if higher else rates[-1]
+    if fmt in UNCOMPRESSED:
+        return (_G711_RATE,) if UNCOMPRESSED[fmt][0] != "pcm" else SAMPLE_RATES
+    return _codec_rates(_AV_SPECS[fmt].codec)
+
+
+@functools.cache
+def _codec_rates(codec: str) -> tuple[int, ...]:
+    rates = _import_av().Codec(codec, "w").audio_rates
+    return tuple(r for r in SAMPLE_RATES if not rates or r in rates)
+
+
+def output_sample_rate(fmt: str, sample_rate: int | None, input_rate: int = SAMPLE_RATE) -> int:
+    """The rate a `fmt` response carries when `sample_rate` is asked for (None: the input's, G.711's 8000), or
+    ValueError naming the rates `fmt` takes: the one rule of which rate goes with which format."""
+    fmt = normalize_format(fmt)
+    accepted = sample_rates(fmt)
+    if sample_rate is None:
+        sample_rate = accepted[0] if len(accepted) == 1 else check_rate(input_rate)
+    if sample_rate not in accepted:
+        raise ValueError(f"sample_rate {sample_rate} is not available for {fmt}: expected "
+                         + (f"{accepted[0]}" if len(accepted) == 1 else f"one of {', '.join(map(str, accepted))}"))
+    return sample_rate
 
 
 class _Sink:
@@ -145,70 +160,51 @@ class _Sink:
 class AvStreamEncoder(BaseStreamEncoder):
     """mp3 / opus / aac / flac through one PyAV (FFmpeg) encoder and muxer for the whole stream."""
 
-    def __init__(self, fmt: str, sample_rate: int, *, _whole_file: bool = False):
-        super().__init__(sample_rate)
-        fmt = normalize_format(fmt)
-        if fmt not in _AV_SPECS:
-            raise ValueError(f"{fmt!r} is not encoded with PyAV")
+    def __init__(self, fmt: str, input_rate: int, sample_rate: int, *, whole_file: bool = False):
+        super().__init__(input_rate, sample_rate)
         av = _import_av()
         self.fmt = fmt
         self._spec = spec = _AV_SPECS[fmt]
-        self._whole_file = _whole_file
-        self.codec_sample_rate = encoded_sample_rate(fmt, self.sample_rate)
-        self._resampler = None
-        if self.codec_sample_rate != self.sample_rate:
-            import soxr
-
-            self._resampler = soxr.ResampleStream(self.sample_rate, self.codec_sample_rate, 1, dtype="float32",
-                                                  quality="HQ")
+        self._whole_file = whole_file
         options = dict(spec.container_options)
-        if _whole_file:
+        if whole_file:
             self._out: io.BytesIO | _Sink = io.BytesIO()  # seekable: muxers complete their headers at the end
         else:
             self._out = _Sink()
             options["flush_packets"] = "1"
             options.update(spec.stream_container_options)
         self._container = av.open(self._out, "w", format=spec.container, container_options=options)
-        self._stream = self._container.add_stream(spec.codec, rate=self.codec_sample_rate, layout="mono")
+        self._stream = self._container.add_stream(spec.codec, rate=self.sample_rate, layout="mono")
         ctx = self._stream.codec_context
         ctx.format = spec.sample_format
         if spec.bit_rate:
             ctx.bit_rate = spec.bit_rate
-        self._time_base = Fraction(1, self.codec_sample_rate)
+        self._time_base = Fraction(1, self.sample_rate)
         self._pts = 0
 
     def _take(self) -> bytes:
         return b"" if self._whole_file else self._out.take()
-
-    def _write(self, x: np.ndarray) -> None:
-        if not x.size:
-            return
-        av = _import_av()
-        if self._spec.sample_format == "s16":
-            data = to_int16(x).reshape(1, -1)
-        else:
-            data = np.ascontiguousarray(x, dtype=np.float32).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(data, format=self._spec.sample_format, layout="mono")
-        frame.sample_rate = self.codec_sample_rate
-        frame.time_base = self._time_base
-        frame.pts = self._pts
-        self._pts += x.size
-        self._container.mux(self._stream.encode(frame))
 
     def _begin(self) -> bytes:
         self._container.start_encoding()  # opens the codec, writes the container header
         return self._take()
 
     def _encode(self, chunk: np.ndarray) -> bytes:
-        if self._resampler is not None:
-            chunk = self._resampler.resample_chunk(chunk, last=False)
-        self._write(chunk)
+        av = _import_av()
+        if self._spec.sample_format == "s16":
+            data = to_int16(chunk).reshape(1, -1)
+        else:
+            data = np.ascontiguousarray(chunk, dtype=np.float32).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(data, format=self._spec.sample_format, layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.time_base = self._time_base
+        frame.pts = self._pts
+        self._pts += chunk.size
+        self._container.mux(self._stream.encode(frame))
         return self._take()
 
     def _end(self) -> bytes:
         try:
-            if self._resampler is not None:
-                self._write(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
             self._container.mux(self._stream.encode(None))  # drain the encoder
         finally:
             self._container.close()  # writes the trailer
@@ -226,39 +222,38 @@ class AvStreamEncoder(BaseStreamEncoder):
                 pass
 
 
-def create_stream_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> StreamEncoder:
-    """A fresh :class:`StreamEncoder` for one streamed response in `fmt` (ValueError for unknown formats)."""
+def _encoder(fmt: str, input_rate: int, sample_rate: int | None, whole_file: bool) -> StreamEncoder:
     fmt = normalize_format(fmt)
-    if fmt == "pcm":
-        return PcmStreamEncoder(sample_rate)
-    if fmt == "wav":
-        return WavStreamEncoder(sample_rate)
-    return AvStreamEncoder(fmt, sample_rate)
+    rate = output_sample_rate(fmt, sample_rate, input_rate)
+    if fmt not in UNCOMPRESSED:
+        return AvStreamEncoder(fmt, input_rate, rate, whole_file=whole_file)
+    if UNCOMPRESSED[fmt][1]:
+        return WavStreamEncoder(fmt, input_rate, rate, whole_file)
+    return RawStreamEncoder(fmt, input_rate, rate)
+
+
+def create_stream_encoder(fmt: str, input_rate: int = SAMPLE_RATE, sample_rate: int | None = None) -> StreamEncoder:
+    """A fresh :class:`StreamEncoder` for one streamed response in `fmt` at `sample_rate` (None: the format's
+    default, :func:`output_sample_rate`); ValueError for an unknown format or a rate the format cannot carry."""
+    return _encoder(fmt, input_rate, sample_rate, whole_file=False)
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # whole files
 
 
-def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """Encode a whole clip of float32 mono `samples` at `sample_rate` Hz as one `fmt` file.
+def encode_audio(samples: np.ndarray, input_rate: int, fmt: str, sample_rate: int | None = None) -> bytes:
+    """Encode a whole clip of float32 mono `samples` at `input_rate` Hz as one `fmt` file at `sample_rate` (None:
+    the format's default), through the stream encoder a streamed response uses, in one chunk.
 
-    Raises ValueError for an unknown format, a non-positive rate, non-1-D input or empty audio.
+    Raises ValueError for an unknown format, a rate the format cannot carry, non-1-D input or empty audio.
     """
-    fmt = normalize_format(fmt)
-    sample_rate = check_rate(sample_rate)
     x = check_samples(samples)
     if x.size == 0:
         raise ValueError("cannot encode empty audio")
-    if fmt == "pcm":
-        return pcm_bytes(x)
-    if fmt == "wav":
-        return wav_header(sample_rate, x.size) + pcm_bytes(x)
-    enc = AvStreamEncoder(fmt, sample_rate, _whole_file=True)
+    enc = _encoder(fmt, input_rate, sample_rate, whole_file=True)
     try:
-        enc.start()
-        enc.encode(x)
-        return enc.finish()
+        return enc.start() + enc.encode(x) + enc.finish()
     except BaseException:
         enc.close()
         raise

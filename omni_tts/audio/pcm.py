@@ -1,14 +1,35 @@
-"""16-bit PCM, the one float → int16 conversion (`to_int16`, for pcm, wav and flac, whole files and streams alike),
-the WAV header, the format names, and the stream encoders' interface with its two PyAV-free implementations (pcm,
-wav). The codecs (PyAV) and content types are encoding.py's."""
+"""Uncompressed outputs: the one float → int16 conversion (`to_int16`, for pcm, wav, flac and G.711, whole files
+and streams alike), the WAV header, the format names, and the stream encoders' interface with its PyAV-free
+implementations (16-bit PCM and G.711 samples, raw or in WAV). The codecs (PyAV), the sample-rate rule and the
+content types are encoding.py's."""
 from __future__ import annotations
 
 import struct
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+from omni_tts.audio.g711 import alaw_bytes, ulaw_bytes
+from omni_tts.audio.resample import Resampler
+
+FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw", "alaw", "ulaw_wav", "alaw_wav")
+
+
+class SampleCoding(NamedTuple):
+    """How an uncompressed format stores one sample, raw or in WAV."""
+    to_bytes: Callable[[np.ndarray], bytes]  # int16 samples → bytes
+    wav_format_tag: int
+    bits: int
+
+
+_CODINGS = {"pcm": SampleCoding(lambda pcm16: pcm16.astype("<i2", copy=False).tobytes(), 1, 16),
+            "ulaw": SampleCoding(ulaw_bytes, 7, 8),
+            "alaw": SampleCoding(alaw_bytes, 6, 8)}
+# the uncompressed formats: their sample coding, and whether a WAV header leads
+UNCOMPRESSED: dict[str, tuple[str, bool]] = {"pcm": ("pcm", False), "wav": ("pcm", True),
+                                             "ulaw": ("ulaw", False), "ulaw_wav": ("ulaw", True),
+                                             "alaw": ("alaw", False), "alaw_wav": ("alaw", True)}
 
 _INT16_SCALE = 32767.0
 _WAV_UNKNOWN_SIZE = 0xFFFFFFFF
@@ -30,31 +51,28 @@ def to_int16(samples: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(x, -1.0, 1.0) * np.float32(_INT16_SCALE)).astype(np.int16)
 
 
-def pcm_bytes(samples: np.ndarray) -> bytes:
-    return to_int16(samples).astype("<i2", copy=False).tobytes()
+def wav_header(sample_rate: int, num_samples: int | None, coding: str = "pcm") -> bytes:
+    """RIFF/WAVE header for mono `coding` samples: for 16-bit PCM the canonical 44 bytes; for G.711 (format tag 7
+    mu-law, 6 A-law, 8 bits) 58 bytes, with the 18-byte fmt chunk and the fact chunk non-PCM WAV files carry.
 
-
-def wav_header(sample_rate: int, num_samples: int | None) -> bytes:
-    """44-byte canonical RIFF/WAVE header for 16-bit mono PCM.
-
-    ``num_samples=None`` gives the streaming header: RIFF and data chunk sizes both ``0xFFFFFFFF``.
+    ``num_samples=None`` gives the streaming header: every size field ``0xFFFFFFFF`` ("unknown").
     """
     sample_rate = check_rate(sample_rate)
+    spec = _CODINGS[coding]
+    block_align = spec.bits // 8
+    extra = b"" if coding == "pcm" else struct.pack("<H4sII", 0, b"fact", 4,
+                                                    _WAV_UNKNOWN_SIZE if num_samples is None else int(num_samples))
     if num_samples is None:
         riff_size = data_size = _WAV_UNKNOWN_SIZE
     else:
-        data_size = 2 * int(num_samples)
-        if data_size + 36 > _WAV_UNKNOWN_SIZE:
+        data_size = block_align * int(num_samples)
+        riff_size = 36 + len(extra) + data_size
+        if riff_size > _WAV_UNKNOWN_SIZE:
             raise ValueError(f"{num_samples} samples do not fit in a WAV file (4 GiB limit)")
-        riff_size = 36 + data_size
-    channels, bits = 1, 16
-    block_align = channels * bits // 8
-    return struct.pack(
-        "<4sI4s4sIHHIIHH4sI",
-        b"RIFF", riff_size, b"WAVE",
-        b"fmt ", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, bits,
-        b"data", data_size,
-    )
+    fmt_chunk = struct.pack("<HHIIHH", spec.wav_format_tag, 1, sample_rate, sample_rate * block_align, block_align,
+                            spec.bits)
+    return (struct.pack("<4sI4s4sI", b"RIFF", riff_size, b"WAVE", b"fmt ", 16 + (2 if extra else 0)) + fmt_chunk
+            + extra + struct.pack("<4sI", b"data", data_size))
 
 
 def check_rate(sample_rate: int) -> int:
@@ -86,7 +104,7 @@ class StreamEncoder(Protocol):
     """
 
     fmt: str
-    sample_rate: int
+    sample_rate: int  # what the output carries; the input is resampled to it
 
     def start(self) -> bytes: ...
 
@@ -99,10 +117,12 @@ class StreamEncoder(Protocol):
 
 
 class BaseStreamEncoder:
+    """The lifecycle, and the stream's one resampler from `input_rate` to `sample_rate` in front of `_encode`."""
     fmt: str
 
-    def __init__(self, sample_rate: int):
-        self.sample_rate = check_rate(sample_rate)
+    def __init__(self, input_rate: int, sample_rate: int):
+        self.input_rate, self.sample_rate = check_rate(input_rate), check_rate(sample_rate)
+        self._resampler = Resampler(self.input_rate, self.sample_rate)
         self._started = False
         self._finished = False
 
@@ -128,32 +148,55 @@ class BaseStreamEncoder:
 
     def encode(self, chunk: np.ndarray) -> bytes:
         head = self.start()
-        x = check_samples(chunk)
+        x = self._resampler(check_samples(chunk))
         return head + self._encode(x) if x.size else head
 
     def finish(self) -> bytes:
         head = self.start()
+        tail = self._resampler.flush()
+        body = self._encode(tail) if tail.size else b""
         self._finished = True
-        return head + self._end()
+        return head + body + self._end()
 
     def close(self) -> None:
         self._finished = True
 
 
-class PcmStreamEncoder(BaseStreamEncoder):
-    """Raw 16-bit little-endian mono PCM, no header."""
+class RawStreamEncoder(BaseStreamEncoder):
+    """Uncompressed samples (16-bit little-endian PCM, or G.711 mu-law / A-law bytes), mono, no header."""
 
-    fmt = "pcm"
+    def __init__(self, fmt: str, input_rate: int, sample_rate: int):
+        super().__init__(input_rate, sample_rate)
+        self.fmt = fmt
+        self._coding = UNCOMPRESSED[fmt][0]
+        self._to_bytes = _CODINGS[self._coding].to_bytes
 
     def _encode(self, chunk: np.ndarray) -> bytes:
-        return pcm_bytes(chunk)
+        return self._to_bytes(to_int16(chunk))
 
 
-class WavStreamEncoder(PcmStreamEncoder):
-    """One 44-byte RIFF header with both size fields 0xFFFFFFFF, then raw 16-bit PCM."""
+class WavStreamEncoder(RawStreamEncoder):
+    """A WAV header, then the samples. Streamed, the header comes first with every size 0xFFFFFFFF; a whole file
+    (`whole_file`) is held until `finish`, whose header states the sizes."""
 
-    fmt = "wav"
+    def __init__(self, fmt: str, input_rate: int, sample_rate: int, whole_file: bool = False):
+        super().__init__(fmt, input_rate, sample_rate)
+        self._whole_file = whole_file
+        self._body: list[bytes] = []
+        self._samples = 0
 
     def _begin(self) -> bytes:
-        return wav_header(self.sample_rate, None)
+        return b"" if self._whole_file else wav_header(self.sample_rate, None, self._coding)
 
+    def _encode(self, chunk: np.ndarray) -> bytes:
+        data = super()._encode(chunk)
+        if not self._whole_file:
+            return data
+        self._body.append(data)
+        self._samples += chunk.size
+        return b""
+
+    def _end(self) -> bytes:
+        if not self._whole_file:
+            return b""
+        return wav_header(self.sample_rate, self._samples, self._coding) + b"".join(self._body)

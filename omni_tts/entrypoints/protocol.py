@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args, get_origin
 
 import msgspec
 
+from omni_tts.audio.pcm import FORMATS
+from omni_tts.audio.resample import SAMPLE_RATES
 from omni_tts.config.stage_config import InitialChunkFrames
 from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
@@ -22,7 +24,8 @@ from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 # all requests); the talker's limits in tokens are checked when the request is tokenized
 MAX_TEXT_CHARS = 4096
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+ResponseFormat = Literal[FORMATS]
+SampleRate = Literal[SAMPLE_RATES]  # which rates each format takes: audio/encoding.output_sample_rate
 REPLICA_HEADER = "x-omni-tts-replica"   # serve-ray: the replica that served a speech request
 
 
@@ -61,6 +64,7 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     voice: Name | VoiceId | None = None
     instructions: Text | None = None
     response_format: ResponseFormat = "mp3"
+    sample_rate: SampleRate | None = None   # None: the model's 24000 (G.711: 8000)
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
     # Qwen3-TTS extensions
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
@@ -135,7 +139,7 @@ VOICE_FORM_FILES = frozenset({"audio_sample"})   # read as bytes; every other fi
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
-def _invalid(error: msgspec.ValidationError, what: str) -> ApiError:
+def _invalid(error: msgspec.ValidationError, what: str, type_: type) -> ApiError:
     """A msgspec validation error in `what` → ApiError(400) naming the field."""
     text = str(error)
     match = _PATH.search(text)
@@ -151,7 +155,20 @@ def _invalid(error: msgspec.ValidationError, what: str) -> ApiError:
         param = field.group(1) if field else param
         return ApiError(400, f"missing required field '{param}'", param)
     message = _PATH.sub("", text).strip().rstrip("-").strip()
+    accepted = _literal_values(type_, param) if text.startswith("Invalid enum value") else None
+    if accepted:
+        message += f"; expected one of {', '.join(map(str, accepted))}"
     return ApiError(400, f"invalid '{param}': {message}" if param else message, param)
+
+
+def _literal_values(type_: type, field: str | None) -> tuple | None:
+    """The values, in their declared order, that a Literal field of `type_` (a Struct or a union of them) takes."""
+    for struct in get_args(type_) or (type_,):
+        for f in msgspec.structs.fields(struct):
+            if f.encode_name == field:
+                literal = next((t for t in (f.type, *get_args(f.type)) if get_origin(t) is Literal), None)
+                return get_args(literal) if literal is not None else None
+    return None
 
 
 FIELD_ALIASES = {"speaker": "voice"}   # vllm-omni's names for our fields
@@ -207,7 +224,7 @@ def decode_json(body: bytes | str, type_: type, what: str = "request body") -> o
     except UnicodeDecodeError:  # msgspec validates UTF-8 inside strings only
         raise ApiError(400, f"{what} is not valid UTF-8") from None
     except msgspec.ValidationError as e:
-        raise _invalid(e, what) from None
+        raise _invalid(e, what, type_) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"{what} is not valid JSON: {e}") from None
 
@@ -217,4 +234,4 @@ def decode_voice_upload(fields: dict[str, str | bytes]) -> VoiceUpload:
     try:
         return msgspec.convert(fields, VoiceUpload)
     except msgspec.ValidationError as e:
-        raise _invalid(e, "the form") from None
+        raise _invalid(e, "the form", VoiceUpload) from None

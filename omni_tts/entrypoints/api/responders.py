@@ -13,7 +13,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio
-from omni_tts.audio.pcm import StreamEncoder
+from omni_tts.audio.pcm import UNCOMPRESSED, StreamEncoder
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
@@ -70,9 +70,10 @@ def record_usage(state: ServerState, chunk: SpeechChunk, arrived: float) -> None
 
 
 async def encode_chunk(state: ServerState, encoder: StreamEncoder, audio: np.ndarray) -> bytes:
-    """PCM/WAV chunks convert in microseconds; lossy codecs take tens of ms per chunk: off the loop. Cancelled, it
-    still waits for the pool's call to end, so the caller may close the encoder: never under a running call."""
-    if encoder.fmt in ("pcm", "wav"):
+    """Uncompressed chunks convert (and resample) in tens of microseconds; codecs take tens of ms per chunk: off the
+    loop. Cancelled, it still waits for the pool's call to end, so the caller may close the encoder: never under a
+    running call."""
+    if encoder.fmt in UNCOMPRESSED:
         return encoder.encode(audio)
     call = asyncio.ensure_future(state.run(encoder.encode, audio))
     try:
@@ -88,7 +89,8 @@ async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[n
     def encode() -> tuple[bytes, float]:
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         samples = change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
-        return encode_audio(samples, SAMPLE_RATE, options.response_format), samples.shape[0] / SAMPLE_RATE
+        return (encode_audio(samples, SAMPLE_RATE, options.response_format, options.sample_rate),
+                samples.shape[0] / SAMPLE_RATE)
     return await state.run(encode)
 
 
@@ -114,7 +116,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
     response = web.StreamResponse(headers=headers | {"Content-Type": content_type(speech.response_format)})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE, speech.sample_rate)
     try:
         header = encoder.start()
         if header:
@@ -147,7 +149,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
     response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream",
                                                      "Cache-Control": "no-cache"})
     await response.prepare(request)
-    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE)
+    encoder = create_stream_encoder(speech.response_format, SAMPLE_RATE, speech.sample_rate)
 
     async def send(event: dict) -> None:
         await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())

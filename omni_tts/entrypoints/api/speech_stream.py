@@ -31,7 +31,7 @@ from typing import AsyncIterator, Callable
 
 from aiohttp import WSMsgType, web
 
-from omni_tts.audio.encoding import create_stream_encoder
+from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
 from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
@@ -193,8 +193,9 @@ class SpeechSession:
         start = {"type": "audio.start", "utterance_index": self.utterance_index, "sentence_index": sentence_index,
                  "format": config.response_format}
         if config.response_format == "pcm":
-            start |= {"sample_rate": SAMPLE_RATE, "channels": 1}
-        encoder = create_stream_encoder(config.response_format, SAMPLE_RATE) if config.stream_audio else None
+            start |= {"sample_rate": output_sample_rate("pcm", config.sample_rate), "channels": 1}
+        encoder = (create_stream_encoder(config.response_format, SAMPLE_RATE, config.sample_rate)
+                   if config.stream_audio else None)
         try:
             parts, pending = [], encoder.start() if encoder else b""
             async for chunk in chunks:

@@ -2,6 +2,7 @@
 checks that cost nothing, made before admission, then the request with its reference audio, built after it."""
 from __future__ import annotations
 
+from omni_tts.audio.encoding import output_sample_rate
 from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
 from omni_tts.entrypoints.names import VoiceChoice, unknown_uploaded_voice
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
@@ -14,7 +15,12 @@ from .state import ServerState
 
 
 def check_output(options: SpeechOptions, streaming: bool) -> None:
-    """The output options a streamed response can honour (every format streams; a speed change does not)."""
+    """The output options a response can honour: the format's sample rates (every format streams; a speed change
+    does not)."""
+    try:
+        output_sample_rate(options.response_format, options.sample_rate)
+    except ValueError as e:
+        raise ApiError(400, str(e), "sample_rate") from None
     if streaming and options.speed != 1.0:
         raise ApiError(400, "speed must be 1.0 for streaming responses (time-stretching needs the whole "
                             "utterance); send a non-streaming request to change the speed", "speed")
