@@ -101,10 +101,18 @@ class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     response_format: ResponseFormat = "wav"
     split_granularity: Literal["token", "sentence", "clause", "none"] = "token"
     stream_audio: bool = False                # audio in binary frames as it is made, else whole per request
+    # vllm-omni's names for token mode: token_level (text joins the request as it arrives) and sentence_commit (text
+    # joins it at each input.commit, acknowledged by input.committed)
+    streaming_mode: Literal["token_level", "sentence_commit"] | None = None
 
 
 class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", tag_field="type"):
     text: str = ""
+
+
+class InputCommit(msgspec.Struct, forbid_unknown_fields=True, tag="input.commit", tag_field="type"):
+    """streaming_mode sentence_commit: the text sent since the last commit joins the utterance's request; in the
+    other modes the text has joined already. Either way answered by input.committed."""
 
 
 class InputDone(msgspec.Struct, forbid_unknown_fields=True, tag="input.done", tag_field="type"):
@@ -115,7 +123,7 @@ class SessionClose(msgspec.Struct, forbid_unknown_fields=True, tag="session.clos
     pass
 
 
-ClientMessage = SessionConfig | InputText | InputDone | SessionClose
+ClientMessage = SessionConfig | InputText | InputCommit | InputDone | SessionClose
 
 
 class MessageType(msgspec.Struct):

@@ -5,6 +5,7 @@ WebSocket's session.config read the same way."""
 import base64
 import json
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES
@@ -161,3 +162,60 @@ def test_ignored_field_names_are_escaped_and_bounded(cv_server):
     assert status == 200 and "X-Injected" not in headers
     assert headers["x-omni-tts-ignored-fields"] == ("bad\\r\\nX-Injected: 1, \\u00e9, " +
                                                     ", ".join(f"f{i}" for i in range(14)) + ", and 6 more")
+
+
+def test_websocket_sentence_commit_adds_text_at_each_commit(cv_server):
+    """vllm-omni's streaming_mode sentence_commit: input.text is held until input.commit, which adds it to the
+    utterance's one request and is answered input.committed; input.done adds the rest. The audio is the whole text's
+    (token mode: the streaming layout), however the commits cut it."""
+    import asyncio
+
+    import aiohttp
+
+    pieces = ["Hello there, ", "vllm-omni ", "client. And ", "the rest."]
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+                await ws.send_json({"type": "session.config", "voice": "ryan", "response_format": "pcm",
+                                    "streaming_mode": "sentence_commit", "stream_audio": True,
+                                    "non_streaming_mode": False, **GREEDY})
+                await ws.send_json({"type": "input.text", "text": pieces[0]})
+                await ws.send_json({"type": "input.text", "text": pieces[1]})
+                await ws.send_json({"type": "input.commit"})
+                await ws.send_json({"type": "input.text", "text": pieces[2]})
+                await ws.send_json({"type": "input.commit"})
+                await ws.send_json({"type": "input.text", "text": pieces[3]})  # never committed: input.done adds it
+                await ws.send_json({"type": "input.done"})
+                audio, events = b"", []
+                async for message in ws:
+                    if message.type == aiohttp.WSMsgType.BINARY:
+                        audio += message.data
+                        continue
+                    events.append(json.loads(message.data))
+                    if events[-1]["type"] in ("session.done", "error"):
+                        break
+                return audio, events
+    audio, events = asyncio.run(main())
+    commits = [e for e in events if e["type"] == "input.committed"]
+    assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": 0, "text": "".join(pieces[:2])},
+                       {"type": "input.committed", "utterance_index": 0, "commit_index": 1, "text": pieces[2]}]
+    assert events[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+    status, _, expected = speech(cv_server, {"input": "".join(pieces), "voice": "ryan", "non_streaming_mode": False})
+    assert status == 200
+    assert_pcm_close(audio, np.frombuffer(expected, "<i2"))
+
+
+def test_websocket_streaming_mode_needs_token_granularity(cv_server):
+    import asyncio
+
+    import aiohttp
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+                await ws.send_json({"type": "session.config", "voice": "ryan", "streaming_mode": "token_level",
+                                    "split_granularity": "sentence"})
+                return json.loads((await ws.receive()).data)
+    event = asyncio.run(main())
+    assert event["type"] == "error" and "split_granularity must be token" in event["message"]

@@ -1,13 +1,18 @@
 """WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol.
 
 Client → server (JSON text messages): `session.config` (first; again between utterances), `input.text` {text},
-`input.done` (ends the utterance; the connection stays open for the next), `session.close`.
+`input.commit`, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
 Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
 channels}, binary audio frames (the whole file per request, or with stream_audio its pieces as they are made),
 `audio.done` {utterance_index, sentence_index, total_bytes, error: false}, `session.done` {utterance_index,
 total_sentences}, and `error` {message}, after which the server closes the connection and the session's requests end
 in the stages. session.config takes `speaker` for `voice` and ignores (and logs) fields it does not know, as an HTTP
 request does.
+
+vllm-omni's token-level protocol maps onto token mode: `streaming_mode` `token_level` is token mode as it is;
+`sentence_commit` keeps the text of `input.text` until an `input.commit`, which adds it to the utterance's one
+request and is answered `input.committed` {utterance_index, commit_index, text} (in the other modes the text has
+joined already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
@@ -32,7 +37,7 @@ from typing import AsyncIterator, Callable
 from aiohttp import WSMsgType, web
 
 from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
-from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputDone, InputText,
+from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
 from omni_tts.entrypoints.text_splitter import TextSplitter
@@ -80,6 +85,8 @@ class SpeechSession:
         self.template: SynthesisRequest | None = None   # what the config asks for, its text left empty
         self.voice_version: str | None = None
         self.utterance: TokenUtterance | SplitUtterance | None = None
+        self.uncommitted = ""   # streaming_mode sentence_commit: the text sent since the last input.commit
+        self.num_commits = 0    # in this utterance
         self.utterance_index = 0
         self.num_configs = 0
         self.failed = False
@@ -154,22 +161,43 @@ class SpeechSession:
         elif self.config is None:
             raise SessionError("the first message must be session.config")
         elif isinstance(message, InputText):
-            if self.utterance is None:
-                self.utterance = (TokenUtterance(self) if self.config.split_granularity == "token"
-                                  else SplitUtterance(self))
-            await self.utterance.add(message.text)
+            if self.config.streaming_mode == "sentence_commit":
+                self.uncommitted += message.text
+                check_text_length(self.uncommitted)
+            else:
+                await self._add(message.text)
+        elif isinstance(message, InputCommit):
+            text, self.uncommitted = self.uncommitted, ""
+            await self._add(text)
+            await self.ws.send_json({"type": "input.committed", "utterance_index": self.utterance_index,
+                                     "commit_index": self.num_commits, "text": text})
+            self.num_commits += 1
         elif isinstance(message, InputDone):
+            text, self.uncommitted = self.uncommitted, ""  # what was never committed is spoken too
+            await self._add(text)
             total = await self.utterance.finish() if self.utterance is not None else 0
-            self.utterance = None
+            self.utterance, self.num_commits = None, 0
             await self.ws.send_json({"type": "session.done", "utterance_index": self.utterance_index,
                                      "total_sentences": total})
             self.utterance_index += 1
+
+    async def _add(self, text: str) -> None:
+        """Text to the utterance in progress (started by its first text)."""
+        if not text:
+            return
+        if self.utterance is None:
+            self.utterance = (TokenUtterance(self) if self.config.split_granularity == "token"
+                              else SplitUtterance(self))
+        await self.utterance.add(text)
 
     async def _configure(self, config: SessionConfig) -> None:
         self.num_configs += 1
         if self.num_configs > MAX_CONFIGS:
             raise SessionError(f"at most {MAX_CONFIGS} session.config messages per connection; open a new one")
         check_output(config, config.stream_audio)
+        if config.streaming_mode is not None and config.split_granularity != "token":
+            raise ApiError(400, f"streaming_mode {config.streaming_mode} makes one request of an utterance: "
+                                f"split_granularity must be token (the default)", "streaming_mode")
         voice = check_speech_request(self.state, config)
         if config.ref_audio is None and voice.uploaded is None:
             self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
