@@ -21,8 +21,9 @@ from aiohttp import web
 from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
 from omni_tts.entrypoints.playground import playground_asset_names
-from omni_tts.entrypoints.protocol import (REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
-                                           ResponseFormat, SpeechRequest, VoiceUpload)
+from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, REPLICA_HEADER, VOICE_FORM_ALIASES,
+                                           VOICE_FORM_FILES, ClientMessage, ResponseFormat, SpeechRequest,
+                                           VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
@@ -84,8 +85,11 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                        "languages": {"type": "array", "items": {"type": "string"},
                                                                      "description": "the language values it "
                                                                                     "takes (auto: detect)"}}}}}}
-_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
-          "properties": {name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")}}
+_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens", "input_token_details"],
+          "properties": {**{name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")},
+                         "input_token_details": {  # vllm-omni's split of input_tokens
+                             "type": "object", "required": ["text_tokens", "audio_tokens"],
+                             "properties": {"text_tokens": {"type": "integer"}, "audio_tokens": {"type": "integer"}}}}}
 _SPEECH_EVENT_DATA = {"oneOf": [
     {"type": "object", "required": ["type", "audio", "response_format"],
      "properties": {"type": {"const": "speech.audio.delta"}, "audio": {"type": "string", "contentEncoding": "base64"},
@@ -113,7 +117,8 @@ _INT = {"type": "integer"}
 _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (api/speech_stream.py)
     _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
            format={"type": "string"}, sample_rate=_INT, channels=_INT),
-    _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT),
+    _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT, error={"type": "boolean"}),
+    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"}),
     _event("session.done", utterance_index=_INT, total_sentences=_INT),
     _event("error", message={"type": "string"})]}
 
@@ -162,9 +167,15 @@ def _speech_operation() -> dict:
                                                             "(after `speed`)", "number"),
                         "x-omni-tts-finish-reason": _header("whole-file responses: stop (the end token) or length "
                                                             "(a frame budget ended it)"),
-                        "x-omni-tts-input-tokens": _header("whole-file responses: prompt tokens", "integer"),
+                        "x-omni-tts-input-tokens": _header("whole-file responses: input tokens (the text's, and a "
+                                                           "voice clone's reference frames)", "integer"),
                         "x-omni-tts-output-tokens": _header("whole-file responses: codec frames generated",
                                                             "integer"),
+                        **{f"x-vllm-omni-{name}-tokens": _header(f"whole-file responses: vllm-omni's {name} tokens",
+                                                                 "integer")
+                           for name in ("input", "output", "total", "input-text", "input-audio")},
+                        IGNORED_FIELDS_HEADER: _header("the request's fields the server does not know, ignored "
+                                                       "(absent with --strict-fields, where they are a 400)"),
                         VOICE_IGNORED_HEADER: _header("the request's voice, which this checkpoint ignores "
                                                       "(VoiceDesign; Base beside ref_audio)"),
                         REPLICA_HEADER: _header("omni-tts serve-ray: the replica that served the request")}},
