@@ -60,7 +60,9 @@ _VOICE = {  # VoiceRecord.to_json
                                                                     "the voice's version"},
                    "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
                    "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
-                   "duration_s": {"type": "number"}}}
+                   "duration_s": {"type": "number"},
+                   "read_only": {"const": True, "description": "a --voices-manifest voice: it cannot be replaced "
+                                                               "or deleted"}}}
 _VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
@@ -258,14 +260,15 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                                                                        "voice": {"$ref": _SCHEMAS + "Voice"}}}]}}}},
                          "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
-                         "409": _error("the voice limit is reached"),
+                         "409": _error("the voice limit is reached, or the name is a read-only manifest voice"),
                          "413": _error("the clip is too large, or the voice store is full"),
                          "415": _error("the clip is not wav, flac, ogg or mp3")}}},
         "/v1/audio/voices/{name}": {
             "delete": {"operationId": "deleteVoice", "summary": "Delete an uploaded voice", "parameters": [voice_name],
                        "responses": {
                            "200": _json("VoiceDeleted", "deleted, its clip removed from disk"),
-                           "404": _error("no such voice, or voice uploads are disabled")}}},
+                           "404": _error("no such voice, or voice uploads are disabled"),
+                           "409": _error("a read-only voice from --voices-manifest")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
                                                                        "to, the primary first")}}},
