@@ -210,6 +210,7 @@ def _speech_batch_operation() -> dict:
         "responses": {
             "200": _json("SpeechBatchResponse", "every item's result, in order, and a summary"),
             "400": _error("a malformed batch (the field is named in `param`)"),
+            "404": _error("the batch's `model` is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),
             "413": _error("the body is too large")}}
 

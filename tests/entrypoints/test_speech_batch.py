@@ -102,6 +102,13 @@ def test_a_malformed_batch_is_one_400(server, name, payload, param, message):
     assert status == 400 and error["param"] == param and message in error["message"], error
 
 
+def test_a_model_not_served_is_the_batch_404(server):
+    status, _, answer = batch(server, {"model": "other", "items": [{"input": "Hi."}]})
+    assert status == 404 and answer["error"]["code"] == "model_not_found"
+    status, _, answer = batch(server, dict(DEFAULTS, items=[{"input": "Hi.", "model": "other"}]))  # an item's own
+    assert status == 200 and answer["results"][0]["status"] == 404
+
+
 def _metric(server, prefix: str) -> float:
     text = request(server.url + "/metrics")[2].decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))

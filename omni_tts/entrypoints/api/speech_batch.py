@@ -7,7 +7,7 @@ field). An item is checked exactly as a request to /v1/audio/speech is (`protoco
 whole file (`stream: true` or a `stream_format` fails it). One item's failure is its own: its result carries the
 status and error envelope /v1/audio/speech would have answered, and the batch is still 200. Only a malformed batch
 (not a JSON object; `items` missing, not a list of objects, empty or over 32; a default of the wrong type; `input`,
-`stream` or `stream_format` beside `items`) is a 400.
+`stream` or `stream_format` beside `items`) is a 400, and a default `model` the server does not serve a 404.
 
 The answer: `{"results": [{"index", "status", "response_format", "audio" (base64 of the file), "usage",
 "finish_reason", "audio_seconds", and "voice_ignored" / "ignored_fields" as /v1/audio/speech's headers} |
@@ -37,7 +37,7 @@ from .errors import REQUEST_ERRORS, api_error
 from .responders import collect, encode_whole, record_usage, usage_json
 from .speech import read_body
 from .state import STATE, ServerState
-from .synthesis import check_speech, open_speech
+from .synthesis import check_model, check_speech, open_speech
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ async def create_speech_batch(request: web.Request) -> web.Response:
     log = request[SPEECH_LOG] = SpeechLog()
     batch, defaults, ignored = decode_batch(await read_body(request, state.config.body_read_timeout),
                                            state.config.strict_fields)
+    check_model(state, batch.model)  # a default every item would fail on: the batch's own 404
     share = MAX_BATCH_AUDIO_BYTES // len(batch.items)
     async with asyncio.TaskGroup() as group:  # created in order: the items take admission slots in order
         tasks = [group.create_task(_item(state, request_id(request), index, with_defaults(defaults, item), arrived,

@@ -32,13 +32,18 @@ def check_output(options: SpeechOptions, streaming: bool) -> None:
                             "utterance); send a non-streaming request to change the speed", "speed")
 
 
+def check_model(state: ServerState, model: str | None) -> None:
+    """A request's `model`, when given, must be a name the server answers to (404 otherwise)."""
+    if model is not None and model not in state.config.model_names:
+        raise ApiError(404, f"model '{model}' is not served here; available: "
+                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
+
+
 def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
     """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
     the fields this checkpoint cannot take."""
+    check_model(state, speech.model)
     config = state.engine.config
-    if speech.model is not None and speech.model not in state.config.model_names:
-        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
-                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
     if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     if speech.ref_audio is not None and config.tts_model_type != "base":
