@@ -128,6 +128,10 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
     p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices); "
                         "replicas given the same directory share them")
+    p.add_argument("--voices-manifest", metavar="FILE",
+                   help="Base models: read-only voices prepared offline, a JSON or YAML file {\"voices\": [{\"name\", "
+                        "\"audio\" (a path relative to the file), \"ref_text\"?, \"consent\"?}]}, checked at start-up; "
+                        "listed and spoken as uploaded voices, never replaced or deleted")
     p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")

@@ -21,9 +21,9 @@ from aiohttp import web
 from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
 from omni_tts.entrypoints.playground import playground_asset_names
-from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, REPLICA_HEADER, VOICE_FORM_ALIASES,
-                                           VOICE_FORM_FILES, ClientMessage, ResponseFormat, SpeechRequest,
-                                           VoiceUpload)
+from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, MAX_BATCH_AUDIO_BYTES, MAX_BATCH_ITEMS,
+                                           REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
+                                           ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
 
 _SCHEMAS = "#/components/schemas/"
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
@@ -60,7 +60,9 @@ _VOICE = {  # VoiceRecord.to_json
                                                                     "the voice's version"},
                    "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
                    "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
-                   "duration_s": {"type": "number"}}}
+                   "duration_s": {"type": "number"},
+                   "read_only": {"const": True, "description": "a --voices-manifest voice: it cannot be replaced "
+                                                               "or deleted"}}}
 _VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
@@ -85,6 +87,7 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                        "languages": {"type": "array", "items": {"type": "string"},
                                                                      "description": "the language values it "
                                                                                     "takes (auto: detect)"}}}}}}
+_INT_SCHEMA = {"type": "integer"}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens", "input_token_details"],
           "properties": {**{name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")},
                          "input_token_details": {  # vllm-omni's split of input_tokens
@@ -103,6 +106,20 @@ _SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them
     "properties": {"event": {"enum": [event["properties"]["type"]["const"] for event in _SPEECH_EVENT_DATA["oneOf"]]},
                    "data": {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": _SPEECH_EVENT_DATA}}}
+_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py
+    {"type": "object", "required": ["index", "status", "response_format", "audio", "usage", "finish_reason",
+                                    "audio_seconds"],
+     "properties": {"index": _INT_SCHEMA, "status": {"const": 200}, "response_format": {"type": "string"},
+                    "audio": {"type": "string", "contentEncoding": "base64"}, "usage": {"$ref": _SCHEMAS + "Usage"},
+                    "finish_reason": {"type": "string"}, "audio_seconds": {"type": "number"},
+                    "voice_ignored": {"type": "string"}, "ignored_fields": {"type": "string"}}},
+    {"type": "object", "required": ["index", "status", "error"],
+     "properties": {"index": _INT_SCHEMA, "status": {"type": "integer", "minimum": 400},
+                    "error": _ERROR_RESPONSE["properties"]["error"]}}]}
+_BATCH_RESPONSE = {"type": "object", "required": ["results", "summary"], "properties": {
+    "results": {"type": "array", "items": _BATCH_RESULT, "description": "one per item, in the items' order"},
+    "summary": {"type": "object", "required": ["total", "succeeded", "failed"],
+                "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}}}
 _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "status": {"enum": ["healthy", "unhealthy"]}, "message": {"type": "string"},
     "stage": {"type": "string", "description": "the failed stage"}}}
@@ -124,9 +141,12 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
 
 
 def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
-    (_, _, client_message), schemas = msgspec.json.schema_components([SpeechRequest, VoiceUpload, ClientMessage],
-                                                                     ref_template=_SCHEMAS + "{name}")
-    for name in ("SpeechRequest", "SessionConfig"):
+    (_, _, _, client_message), schemas = msgspec.json.schema_components(
+        [SpeechRequest, SpeechBatchRequest, VoiceUpload, ClientMessage], ref_template=_SCHEMAS + "{name}")
+    schemas["SpeechBatchRequest"]["properties"]["items"]["description"] = (
+        f"1–{MAX_BATCH_ITEMS} speech requests, each a SpeechRequest that asks for a whole file; the batch's other "
+        "fields are defaults an item's own fields override")
+    for name in ("SpeechRequest", "SessionConfig", "SpeechBatchRequest"):
         schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = list(model_names)
         if not strict_fields:  # protocol.decode_speech_options: ignored, and named in a header
             del schemas[name]["additionalProperties"]
@@ -187,6 +207,24 @@ def _speech_operation() -> dict:
             "503": _error("a stage is down and restarting; see Retry-After")}}
 
 
+def _speech_batch_operation() -> dict:
+    return {
+        "operationId": "createSpeechBatch",
+        "summary": "Synthesize 1–32 speech requests at once, answered together as base64 files in JSON",
+        "description": ("Each item is checked and admitted as a /v1/audio/speech request and fails alone: its "
+                        "result carries the status and error that route would answer, and the batch is still 200. "
+                        f"The items' files together hold at most {MAX_BATCH_AUDIO_BYTES >> 20} MiB (each item its "
+                        "equal share; over it: 413)."),
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechBatchRequest"}}}},
+        "responses": {
+            "200": _json("SpeechBatchResponse", "every item's result, in order, and a summary"),
+            "400": _error("a malformed batch (the field is named in `param`)"),
+            "404": _error("the batch's `model` is not served here"),
+            "408": _error("the body did not arrive within --body-read-timeout"),
+            "413": _error("the body is too large")}}
+
+
 def _speech_stream_operation() -> dict:
     return {
         "operationId": "speechStream",
@@ -215,6 +253,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
     voice_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     paths = {
         "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/speech/batch": {"post": _speech_batch_operation()},
         "/v1/audio/speech/stream": {"get": _speech_stream_operation()},
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
@@ -232,14 +271,15 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                                                                        "voice": {"$ref": _SCHEMAS + "Voice"}}}]}}}},
                          "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
-                         "409": _error("the voice limit is reached"),
+                         "409": _error("the voice limit is reached, or the name is a read-only manifest voice"),
                          "413": _error("the clip is too large, or the voice store is full"),
                          "415": _error("the clip is not wav, flac, ogg or mp3")}}},
         "/v1/audio/voices/{name}": {
             "delete": {"operationId": "deleteVoice", "summary": "Delete an uploaded voice", "parameters": [voice_name],
                        "responses": {
                            "200": _json("VoiceDeleted", "deleted, its clip removed from disk"),
-                           "404": _error("no such voice, or voice uploads are disabled")}}},
+                           "404": _error("no such voice, or voice uploads are disabled"),
+                           "409": _error("a read-only voice from --voices-manifest")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
                                                                        "to, the primary first")}}},
@@ -281,6 +321,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
         "components": {"schemas": _request_schemas(model_names, strict_fields) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
             "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
+            "SpeechBatchResponse": _BATCH_RESPONSE,
             "SpeechEvent": _SPEECH_EVENT}},
     }
     if api_key_required:

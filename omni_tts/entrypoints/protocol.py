@@ -92,6 +92,16 @@ class SpeechRequest(SpeechOptions):
         return self.stream or self.stream_format is not None
 
 
+MAX_BATCH_ITEMS = 32
+MAX_BATCH_AUDIO_BYTES = 64 * 2**20   # a batch's files together, before base64; each item gets an equal share
+
+
+class SpeechBatchRequest(SpeechOptions):
+    """POST /v1/audio/speech/batch: `items`, each a /v1/audio/speech body that asks for a whole file; the other
+    fields are defaults that an item's own fields override."""
+    items: Annotated[list[dict[str, msgspec.Raw]], msgspec.Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
+
+
 # --- WS /v1/audio/speech/stream: client messages (vllm-omni's protocol) ---------------------------------------
 class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     """The first message (and again between utterances): the speech fields but `input`, plus how text is cut

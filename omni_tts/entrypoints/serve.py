@@ -60,6 +60,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         from omni_tts.orchestrator.async_tts import AsyncTTS
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
+        config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
         engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                           max_restarts=args.max_restarts)
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
@@ -67,7 +68,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         url = listener_url(listener)
         logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
                     stage_config, url)
-        return engine, server_config(args, names, ref_audio_urls), ready_line(engine, model_dir, names, url)
+        return engine, config, ready_line(engine, model_dir, names, url)
 
     return run_server(listener, args, load)
 
@@ -104,13 +105,19 @@ def prepare_server_process() -> None:
     prometheus_client.disable_created_metrics()
 
 
-def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None) -> ServerConfig:
+def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
+                  model_dir: str) -> ServerConfig:
+    """The app's config; ValueError (one line) for a bad --voices-manifest."""
     from omni_tts.entrypoints.api.config import ServerConfig
+    from omni_tts.entrypoints.voices_manifest import load_voices_manifest
+    from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 
+    manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir).tts_model_type)
+                if args.voices_manifest else None)
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return ServerConfig(
         served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
-        max_queue=args.max_queue, voices_dir=args.voices_dir,
+        max_queue=args.max_queue, voices_dir=args.voices_dir, voices_manifest=manifest,
         allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         allowed_origins=tuple(args.allowed_origins),

@@ -115,7 +115,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
                     package_version(), count, model_dir, app_name, each, url)
         ready = (f"ready: serving {model_dir} as {', '.join(repr(n) for n in names)} at {url} through Ray Serve "
                  f"application '{app_name}': {count}, {each}")
-        config = server_config(args, names, ref_audio_urls)
+        config = server_config(args, names, ref_audio_urls, model_dir)
         return run_server(listener, args, lambda: (engine, config, ready))
     finally:
         ray.shutdown()

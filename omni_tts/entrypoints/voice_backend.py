@@ -50,6 +50,8 @@ _CONTAINERS = {"WAV": (".wav", "audio/wav"), "WAVEX": (".wav", "audio/wav"), "RF
 # is checked where the prompt is tokenized
 MAX_REF_TEXT_CHARS = 1024
 MAX_CONSENT_CHARS = 1024
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024   # one clip, as uploaded (the default of a store's max_bytes)
+UPLOADS_DISABLED = "voice uploads are disabled (start the server with --voices-dir)"
 
 
 class VoiceError(ValueError):

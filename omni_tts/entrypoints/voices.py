@@ -59,9 +59,9 @@ import numpy as np
 from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, RefAudioError, decode_reference
 from omni_tts.entrypoints.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
                                              write_atomic)
-from omni_tts.entrypoints.voice_backend import (MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS, CheckedUpload, VoiceError,
-                                                VoiceRecord, VoiceStoreBackend, check_upload, validate_name,
-                                                voice_key)
+from omni_tts.entrypoints.voice_backend import (MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
+                                                CheckedUpload, VoiceError, VoiceRecord, VoiceStoreBackend,
+                                                check_upload, validate_name, voice_key)
 from omni_tts.entrypoints.voice_meta import META, is_clip, meta_bytes, parse_meta
 
 __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "QUOTA_BYTES",
@@ -83,7 +83,7 @@ QUOTA_BYTES = 1024 ** 3      # all stored clips together (the default of --voice
 class VoiceStore:
     """The directory store (`VoiceStoreBackend`); the module docstring has the layout and the consistency model."""
 
-    def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = 10 * 1024 * 1024,
+    def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = MAX_UPLOAD_BYTES,
                  quota_bytes: int = QUOTA_BYTES, cache_bytes: int = 256 * 1024 * 1024,
                  min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> None:
         self.root = os.path.abspath(root_dir)

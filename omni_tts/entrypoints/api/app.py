@@ -1,9 +1,10 @@
 """The OpenAI-compatible API as one aiohttp app on one event loop over an engine (client_protocol.TTSClient): the
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
-Routes: POST /v1/audio/speech (speech.py), WS /v1/audio/speech/stream (speech_stream.py), GET/POST
-/v1/audio/voices and DELETE /v1/audio/voices/{name} (voice_routes.py), GET /v1/models, /health, /metrics, /version
-(info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py). CPU work
+Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
+/v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
+(voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
+GET / and /playground/{name} (playground.py). CPU work
 (tokenizer: single worker inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on
 the loop. Each request gets an id (X-Request-Id, the engine's request id) and one access-log line (access_log.py).
 """
@@ -24,6 +25,7 @@ from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
+from .speech_batch import create_speech_batch
 from .speech_stream import speech_stream
 from .state import CONFIG, ENGINE, STATE, ServerState
 from .voice_routes import VOICE_ROUTES
@@ -55,6 +57,7 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
     app.on_response_prepare.append(cors.add_headers)
     app.router.add_routes([
         web.post("/v1/audio/speech", create_speech),
+        web.post("/v1/audio/speech/batch", create_speech_batch),
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
         *INFO_ROUTES,

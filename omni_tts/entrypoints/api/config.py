@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from omni_tts.audio.url_fetch import UrlPolicy
 from omni_tts.entrypoints.names import accepted_model_names
 from omni_tts.entrypoints.voices import QUOTA_BYTES
+from omni_tts.entrypoints.voices_manifest import VoiceManifest
 
 
 @dataclass
@@ -17,6 +18,7 @@ class ServerConfig:
     strict_fields: bool = False                # a speech request's unknown field is a 400, not ignored
     max_queue: int = 256                       # admitted requests (running + waiting); beyond → 429
     voices_dir: str | None = None
+    voices_manifest: VoiceManifest | None = None   # --voices-manifest's voices, loaded and checked
     allowed_local_media_path: str | None = None
     ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
     voices_quota_bytes: int = QUOTA_BYTES      # all uploaded clips together; beyond → 413

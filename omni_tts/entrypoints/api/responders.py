@@ -33,7 +33,16 @@ async def _rest(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> Async
             yield chunk
 
 
-def _usage_json(chunk: SpeechChunk) -> dict:
+async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> tuple[list[np.ndarray], SpeechChunk]:
+    """A request's audio, whole: its parts and its last chunk (which carries the usage)."""
+    parts, last = [], first
+    async for chunk in _rest(first, stream):
+        parts.append(chunk.audio)
+        last = chunk
+    return parts, last
+
+
+def usage_json(chunk: SpeechChunk) -> dict:
     """OpenAI's usage (input: the text's tokens and an ICL reference's frames), with vllm-omni's split of the input."""
     u = chunk.usage
     inputs = u.input_tokens + u.reference_frames
@@ -98,14 +107,11 @@ async def respond_whole(request: web.Request, state: ServerState, speech: Speech
                         stream: AsyncIterator[SpeechChunk], arrived: float,
                         headers: dict[str, str]) -> web.Response:
     """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it)."""
-    parts, last = [], first
-    async for chunk in _rest(first, stream):
-        parts.append(chunk.audio)
-        last = chunk
+    parts, last = await collect(first, stream)
     _record_usage(request, state, last, arrived)
     data, seconds = await encode_whole(state, speech, parts)
     return web.Response(body=data, content_type=content_type(speech.response_format),
-                        headers=headers | _usage_headers(_usage_json(last)) | {
+                        headers=headers | _usage_headers(usage_json(last)) | {
                             "x-omni-tts-finish-reason": last.usage.finish_reason,
                             "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
 
@@ -170,7 +176,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                         await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                     "response_format": speech.response_format})
                     _record_usage(request, state, chunk, arrived)
-                    await send({"type": "speech.audio.done", "usage": _usage_json(chunk)})
+                    await send({"type": "speech.audio.done", "usage": usage_json(chunk)})
         except REQUEST_ERRORS as e:
             await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})
         await response.write_eof()

@@ -16,7 +16,7 @@ from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
-from .synthesis import build_synthesis_request, check_output, check_speech_request
+from .synthesis import check_speech, open_speech
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
                                             state.config.strict_fields)
     if ignored:
         logger.warning("request %s: ignored unknown field(s): %s", request_id(request), describe_fields(ignored))
-    check_output(speech, speech.streaming)
-    if not speech.input.strip():
-        raise ApiError(400, "input must not be empty", "input")
-    voice = check_speech_request(state, speech)
+    voice = check_speech(state, speech)
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     if ignored:
         headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
@@ -62,16 +59,7 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
     """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
-    stream = None
-    try:
-        synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
-        stream = state.engine.generate(synthesis, request_id=request_id(request),
-                                       initial_chunk_frames=speech.initial_codec_chunk_frames,
-                                       voice_version=voice_version,
-                                       first_audio_timeout=state.config.first_audio_timeout,
-                                       timeout=state.config.request_timeout)
-        first = await anext(stream)
-        admission.first_audio()
+    async with open_speech(state, speech, voice, request_id(request), admission) as (first, stream):
         if first.replica is not None:
             headers[REPLICA_HEADER] = first.replica
         log.ttfp = time.monotonic() - arrived
@@ -83,9 +71,6 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
         else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)
             respond = respond_sse
         return await respond(request, state, speech, first, stream, arrived, headers)
-    finally:
-        if stream is not None:
-            await stream.aclose()  # aborts the request in every stage if it did not finish
 
 
 @web.middleware

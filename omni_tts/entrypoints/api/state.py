@@ -12,6 +12,7 @@ from omni_tts.audio.url_fetch import RemoteAudioFetcher
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
+from omni_tts.entrypoints.voices_manifest import VoicesWithManifest
 from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.stages.protocol import StageStats
 
@@ -34,6 +35,8 @@ class ServerState:
         # another VoiceStoreBackend (voice_backend.py: an object store) would be built here
         self.voices: VoiceStoreBackend | None = (
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
+        if config.voices_manifest is not None:
+            self.voices = VoicesWithManifest(config.voices_manifest, self.voices)
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
         self.in_flight = in_flight

@@ -1,16 +1,22 @@
 """From a speech request's options (HTTP body or WebSocket session.config) to the engine's SynthesisRequest: the
-checks that cost nothing, made before admission, then the request with its reference audio, built after it."""
+checks that cost nothing, made before admission, then the request with its reference audio, built after it, and
+its engine stream opened (`open_speech`, for the routes that answer one HTTP request per engine request)."""
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 from omni_tts.audio.encoding import output_sample_rate
 from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
 from omni_tts.entrypoints.names import VoiceChoice, unknown_uploaded_voice
-from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.entrypoints.protocol import ApiError, SpeechOptions, SpeechRequest
 from omni_tts.entrypoints.voices import VoiceError
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+from omni_tts.orchestrator.types import SpeechChunk
 
+from .admission import Admission
 from .state import ServerState
 
 
@@ -26,13 +32,18 @@ def check_output(options: SpeechOptions, streaming: bool) -> None:
                             "utterance); send a non-streaming request to change the speed", "speed")
 
 
+def check_model(state: ServerState, model: str | None) -> None:
+    """A request's `model`, when given, must be a name the server answers to (404 otherwise)."""
+    if model is not None and model not in state.config.model_names:
+        raise ApiError(404, f"model '{model}' is not served here; available: "
+                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
+
+
 def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
     """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
     the fields this checkpoint cannot take."""
+    check_model(state, speech.model)
     config = state.engine.config
-    if speech.model is not None and speech.model not in state.config.model_names:
-        raise ApiError(404, f"model '{speech.model}' is not served here; available: "
-                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
     if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     if speech.ref_audio is not None and config.tts_model_type != "base":
@@ -40,6 +51,14 @@ def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoi
     voices = state.voices
     return state.voice_names.choose(speech.voice_name, speech.ref_audio is not None,
                                     lambda name: voices is not None and name in voices)
+
+
+def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
+    """Every check of a /v1/audio/speech body before admission (each item of the batch route's too)."""
+    check_output(speech, speech.streaming)
+    if not speech.input.strip():
+        raise ApiError(400, "input must not be empty", "input")
+    return check_speech_request(state, speech)
 
 
 async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
@@ -74,3 +93,25 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams.of(speech))
     return synthesis, voice_version
+
+
+@contextlib.asynccontextmanager
+async def open_speech(state: ServerState, speech: SpeechRequest, voice: VoiceChoice, request_id: str,
+                      admission: Admission) -> AsyncIterator[tuple[SpeechChunk, AsyncIterator[SpeechChunk]]]:
+    """An admitted request's first audio and the stream of the rest. An engine error before the first audio is
+    raised here; however the caller's block ends, the stream is closed, which aborts the request in every stage if
+    it did not finish."""
+    stream = None
+    try:
+        synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
+        stream = state.engine.generate(synthesis, request_id=request_id,
+                                       initial_chunk_frames=speech.initial_codec_chunk_frames,
+                                       voice_version=voice_version,
+                                       first_audio_timeout=state.config.first_audio_timeout,
+                                       timeout=state.config.request_timeout)
+        first = await anext(stream)
+        admission.first_audio()
+        yield first, stream
+    finally:
+        if stream is not None:
+            await stream.aclose()

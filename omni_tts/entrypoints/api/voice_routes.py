@@ -4,6 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.voice_backend import UPLOADS_DISABLED
 from omni_tts.entrypoints.voices import VoiceError, VoiceStoreBackend
 
 from .state import STATE, ServerState
@@ -12,7 +13,7 @@ from .voice_form import read_voice_form
 
 def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
     if state.voices is None:
-        raise ApiError(404, "voice uploads are disabled (start the server with --voices-dir)")
+        raise ApiError(404, UPLOADS_DISABLED)
     return state.voices
 
 
