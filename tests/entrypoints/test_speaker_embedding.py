@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
+from omni_tts.engine.offline import synthesize
 from omni_tts.entrypoints.voices import VoiceStore
 from omni_tts.models.qwen3_tts.audio import load_audio
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.models.qwen3_tts.speaker_encoder import extract_speaker_embedding
 from server_util import ServerProcess, request
 
@@ -224,3 +227,16 @@ def test_the_store_keeps_an_embedding_voice_across_restarts(tmp_path):
     replaced = again.add("mix", CLIP, None, None)   # a clip replaces it, and its file leaves at once
     assert replaced.embedding_dim is None and sorted(p.name.split("-")[0] for p in (tmp_path / "mix").iterdir()) == [
         "clip", "meta.json"]
+
+
+def test_offline_synthesis_takes_an_embedding():
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-base"))
+    vector = extract_speaker_embedding(tts.speaker_encoder, load_audio(CLIP)[0]).numpy()
+
+    def audio(**voice) -> np.ndarray:
+        return synthesize(tts, [SynthesisRequest(text=TEXT, sampling=SamplingParams(**GREEDY), **voice)])[0].audio
+    np.testing.assert_array_equal(audio(speaker_embedding=vector.tolist()),
+                                  audio(ref_audio=str(REF_WAV), x_vector_only=True))
+    with pytest.raises(RequestError, match="finite") as error:
+        audio(speaker_embedding=[float("nan")] * DIM)
+    assert error.value.param == "speaker_embedding"

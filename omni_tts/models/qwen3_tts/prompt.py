@@ -198,8 +198,8 @@ class PromptBuilder:
                                     ref_text=bool((request.ref_text or "").strip()))
         elif model_type == "base":
             if request.ref_audio is None:
-                raise RequestError("ref_audio", "ref_audio (or speaker_embedding) is required for Base (voice clone) "
-                                                "checkpoints")
+                raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints, or a "
+                                                "speaker_embedding")
             if not request.x_vector_only:
                 if not (request.ref_text or "").strip():
                     raise RequestError("ref_text", "ref_text is required for voice cloning unless x_vector_only "
