@@ -25,10 +25,9 @@ logger = logging.getLogger(__name__)
 # user-facing task type → checkpoint `tts_model_type`
 TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
 AudioInput = str | bytes | tuple[np.ndarray, int] | np.ndarray   # an array: float32 mono samples at 24 kHz
-# the largest |value| a sent speaker embedding may hold. The encoder's own x-vectors lie within a few tens (the fc
-# layer of a normalised network); 1e3 leaves room for mixes and scaled vectors, and still refuses what is no
-# x-vector at all (samples, wrong units), whose row in the prompt would swamp the text and codec rows it is summed
-# with in half precision
+# the largest |value| a sent speaker embedding may hold: room to spare for mixed and scaled x-vectors, while a
+# vector that is no x-vector (raw int16 samples, say) is refused rather than summed, as a prompt row, with the text
+# rows of a half-precision talker
 MAX_EMBEDDING_ABS = 1e3
 
 
