@@ -64,7 +64,10 @@ def prepare(tts: Qwen3TTS, request: SynthesisRequest, token_cap_floor: int | Non
         sampling = resolve_sampling(request.sampling, tts.generation_config)
     except SamplingError as e:
         raise RequestError(e.param, str(e)) from None
-    tts.add_voice_features(prompt, request.ref_audio)
+    if request.speaker_embedding is not None:  # the x-vector itself (tokenize checked it)
+        prompt.speaker_embedding = torch.from_numpy(np.asarray(request.speaker_embedding, dtype=np.float32))
+    else:
+        tts.add_voice_features(prompt, request.ref_audio)
     prefill, trailing = embed_prompt(tts.talker, tts.config, prompt)
     limit = token_limit(sampling.max_new_tokens, len(prompt.text_ids), token_cap_floor)
     return PreparedRequest(prompt, prefill, trailing, sampling, limit)

@@ -8,9 +8,9 @@ Voices (`VoiceNames.choose`):
   `--default-voice`, else the checkpoint's first speaker (vllm-omni has a default speaker too).
 - VoiceDesign: the voice comes from `instructions`; a `voice` (the `openai` SDK always sends one) is ignored and
   named in the `x-omni-tts-voice-ignored` response header.
-- Base: `voice` names an uploaded voice. Beside `ref_audio`, a name that is not an uploaded voice is ignored the same
-  way and the reference is used (vllm-omni's voice-clone client always sends a `voice`); an uploaded voice's name
-  beside `ref_audio` is a 400 (which of the two was meant is unclear).
+- Base: `voice` names an uploaded voice. Beside `ref_audio` or `speaker_embedding` (a voice given whole), a name that
+  is not an uploaded voice is ignored the same way and the given voice is used (vllm-omni's voice-clone client
+  always sends a `voice`); an uploaded voice's name beside one is a 400 (which of the two was meant is unclear).
 """
 from __future__ import annotations
 
@@ -96,8 +96,9 @@ class VoiceNames:
     def _available(self) -> str:
         return f"available: {', '.join(self.speakers)}, or an OpenAI voice ({', '.join(OPENAI_VOICES)})"
 
-    def choose(self, voice: str | None, has_ref_audio: bool, is_uploaded: Callable[[str], bool]) -> VoiceChoice:
-        """The request's voice (`voice`: stripped, None when absent), or ApiError 400 naming the field."""
+    def choose(self, voice: str | None, reference: str | None, is_uploaded: Callable[[str], bool]) -> VoiceChoice:
+        """The request's voice (`voice`: stripped, None when absent; `reference`: the field that gives a Base voice
+        whole, ref_audio or speaker_embedding, if one does), or ApiError 400 naming the field."""
         if self.model_type == "custom_voice":
             if voice is None:
                 if self.default is None:  # a CustomVoice checkpoint without speakers
@@ -110,15 +111,15 @@ class VoiceNames:
         if self.model_type == "voice_design":
             return VoiceChoice(ignored=voice)
         if voice is None:
-            if not has_ref_audio:
-                raise ApiError(400, "Base (voice clone) models need ref_audio or the name of an uploaded voice",
-                               "ref_audio")
+            if reference is None:
+                raise ApiError(400, "Base (voice clone) models need ref_audio, a speaker_embedding or the name of an "
+                                    "uploaded voice", "ref_audio")
             return VoiceChoice()
         uploaded = is_uploaded(voice)
-        if has_ref_audio and not uploaded:
+        if reference is not None and not uploaded:
             return VoiceChoice(ignored=voice)
-        if has_ref_audio:
-            raise ApiError(400, f"'{voice}' is an uploaded voice and ref_audio is given too: give one of them",
+        if reference is not None:
+            raise ApiError(400, f"'{voice}' is an uploaded voice and {reference} is given too: give one of them",
                            "voice")
         if not uploaded:
             raise unknown_uploaded_voice(voice)

@@ -52,17 +52,33 @@ _ERROR_RESPONSE = {
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 _VOICE = {  # VoiceRecord.to_json
     "type": "object",
-    "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "file_size", "mime_type",
-                 "duration_s"],
+    "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "speaker_description",
+                 "file_size", "mime_type", "duration_s", "embedding_source", "embedding_dim"],
     "properties": {"id": {"type": "string", "description": "the name: what DELETE and a speech request's voice take"},
-                   "object": {"const": "audio.voice"}, "type": {"const": "audio_sample"}, "name": {"type": "string"},
+                   "object": {"const": "audio.voice"}, "type": {"enum": ["audio_sample", "speaker_embedding"]},
+                   "name": {"type": "string"},
                    "created_at": {"type": "integer", "description": "unix seconds, strictly increasing per upload: "
                                                                     "the voice's version"},
                    "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
+                   "speaker_description": {"type": ["string", "null"]},
                    "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
-                   "duration_s": {"type": "number"},
+                   "duration_s": {"type": ["number", "null"], "description": "the clip's; null for an embedding"},
+                   "embedding_source": {"enum": ["audio", "embedding"],
+                                        "description": "where the voice's x-vector comes from: its clip, or the "
+                                                       "upload itself (a voice without audio)"},
+                   "embedding_dim": {"type": ["integer", "null"],
+                                     "description": "the x-vector's length (a clip's: the served checkpoint's; "
+                                                    "null on a checkpoint without a speaker encoder)"},
                    "read_only": {"const": True, "description": "a --voices-manifest voice: it cannot be replaced "
                                                                "or deleted"}}}
+_VOICE_EMBEDDING = {  # GET /v1/audio/voices/{name}/embedding
+    "type": "object",
+    "required": ["object", "name", "created_at", "embedding_source", "embedding_dim", "speaker_embedding"],
+    "properties": {"object": {"const": "audio.voice.embedding"}, "name": {"type": "string"},
+                   "created_at": {"type": "integer"}, "embedding_source": {"enum": ["audio", "embedding"]},
+                   "embedding_dim": {"type": "integer"},
+                   "speaker_embedding": {"type": "array", "items": {"type": "number"},
+                                         "description": "send it back as a speech request's speaker_embedding"}}}
 _VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
@@ -159,10 +175,15 @@ def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
     upload["name"]["description"] = ("1–64 letters, digits, '_', '.' or '-', not starting with '.'; an existing "
                                      "voice of that name (any case) is replaced")
     upload["ref_text"]["description"] = "the clip's transcript (enables in-context cloning)"
+    upload["speaker_embedding"] = {"type": "string", "contentMediaType": "application/json", "description": (
+        "instead of audio_sample: the voice as the speaker encoder's x-vector, a JSON list of as many numbers as the "
+        "checkpoint's speaker encoder gives (1024 for 0.6B, 2048 for 1.7B), finite, each within ±1000")}
+    upload["speaker_description"]["description"] = "free text kept with the voice and listed"
     for field in upload.values():  # a form leaves an optional field out: it has no null
         if "anyOf" in field:
             field.update(next(choice for choice in field.pop("anyOf") if choice.get("type") != "null"))
             field.pop("default")
+    schemas["VoiceUpload"]["oneOf"] = [{"required": ["audio_sample"]}, {"required": ["speaker_embedding"]}]
     return schemas | {"SpeechStreamClientMessage": client_message, "SpeechStreamServerEvent": _SPEECH_STREAM_EVENT}
 
 
@@ -197,7 +218,8 @@ def _speech_operation() -> dict:
                         IGNORED_FIELDS_HEADER: _header("the request's fields the server does not know, ignored "
                                                        "(absent with --strict-fields, where they are a 400)"),
                         VOICE_IGNORED_HEADER: _header("the request's voice, which this checkpoint ignores "
-                                                      "(VoiceDesign; Base beside ref_audio)"),
+                                                      "(VoiceDesign; Base beside ref_audio or "
+                                                      "speaker_embedding)"),
                         REPLICA_HEADER: _header("omni-tts serve-ray: the replica that served the request")}},
             "400": _error("invalid request (the field is named in `param`)"),
             "404": _error("the model is not served here"),
@@ -258,8 +280,8 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
                     "responses": {"200": _json("VoiceList", "all voice names, and the uploaded voices")}},
-            "post": {"operationId": "uploadVoice", "summary": "Upload a reference clip as a named voice (Base models "
-                                                             "with --voices-dir)",
+            "post": {"operationId": "uploadVoice", "summary": "Upload a reference clip or a speaker embedding as a "
+                                                             "named voice (Base models with --voices-dir)",
                      "requestBody": {"required": True, "content": {"multipart/form-data": {
                          "schema": {"$ref": _SCHEMAS + "VoiceUpload"}}}},
                      "responses": {
@@ -280,6 +302,16 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                            "200": _json("VoiceDeleted", "deleted, its clip removed from disk"),
                            "404": _error("no such voice, or voice uploads are disabled"),
                            "409": _error("a read-only voice from --voices-manifest")}}},
+        "/v1/audio/voices/{name}/embedding": {
+            "get": {"operationId": "getVoiceEmbedding", "summary": "An uploaded voice's x-vector (a clip voice's "
+                                                                   "computed from its clip, once per version)",
+                    "parameters": [voice_name],
+                    "responses": {
+                        "200": _json("VoiceEmbedding", "the vector, to store, mix and send back as "
+                                                       "speaker_embedding"),
+                        "400": _error("the model is not a Base (voice clone) model"),
+                        "404": _error("no such voice, or voice uploads are disabled"),
+                        "503": _error("a stage is down and restarting; see Retry-After")}}},
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
                                                                        "to, the primary first")}}},
@@ -320,6 +352,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
         "paths": paths,
         "components": {"schemas": _request_schemas(model_names, strict_fields) | {
             "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
+            "VoiceEmbedding": _VOICE_EMBEDDING,
             "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
             "SpeechBatchResponse": _BATCH_RESPONSE,
             "SpeechEvent": _SPEECH_EVENT}},

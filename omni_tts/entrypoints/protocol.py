@@ -17,7 +17,8 @@ import msgspec
 from omni_tts.audio.pcm import FORMATS
 from omni_tts.audio.resample import SAMPLE_RATES
 from omni_tts.config.stage_config import InitialChunkFrames
-from omni_tts.entrypoints.voices import MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS
+from omni_tts.entrypoints.voices import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
+                                        MAX_REF_TEXT_CHARS)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 
 # OpenAI's input limit, for every text field: it also bounds the tokenizer's time per request (one thread serves
@@ -49,6 +50,9 @@ class ApiError(Exception):
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 RefText = Annotated[str, msgspec.Meta(max_length=MAX_REF_TEXT_CHARS)]  # a clip's transcript, uploaded or sent
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+# a speaker encoder's x-vector; its length and values are checked against the served checkpoint
+# (models/qwen3_tts/prompt.check_speaker_embedding)
+Embedding = Annotated[list[float], msgspec.Meta(max_length=MAX_EMBEDDING_VALUES)]
 
 
 class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
@@ -72,6 +76,7 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     ref_audio: str | None = None
     ref_text: RefText | None = None
     x_vector_only_mode: bool = False
+    speaker_embedding: Embedding | None = None   # the voice as an x-vector (Base; x-vector-only mode)
     non_streaming_mode: bool | None = None
     initial_codec_chunk_frames: InitialChunkFrames | None = None
 
@@ -143,10 +148,14 @@ class MessageType(msgspec.Struct):
 
 class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/audio/voices: a multipart form with the fields of the `openai` SDK's `audio.voices.create` and of
-    vllm-omni (`ref_text`). The name's rule and the clip's limits are the voice store's (voices.py)."""
+    vllm-omni (`ref_text`, `speaker_embedding`, `speaker_description`): the voice is a clip (`audio_sample`) or an
+    x-vector (`speaker_embedding`, a JSON list of numbers), one of them. The name's rule and the clip's limits are
+    the voice store's (voices.py)."""
     name: Name
-    audio_sample: bytes
+    audio_sample: bytes | None = None
+    speaker_embedding: Embedding | None = None
     consent: Annotated[str, msgspec.Meta(max_length=MAX_CONSENT_CHARS)] | None = None
+    speaker_description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_CHARS)] | None = None
     ref_text: RefText | None = None
     type: Literal["audio_sample"] = "audio_sample"   # OpenAI's other kind, "prompt", needs a voice-design model
 
@@ -244,12 +253,56 @@ def decode_json(body: bytes | str, type_: type, what: str = "request body") -> o
     except msgspec.ValidationError as e:
         raise _invalid(e, what, type_) from None
     except msgspec.DecodeError as e:
-        raise ApiError(400, f"{what} is not valid JSON: {e}") from None
+        raise _not_json(body, what, e) from None
+
+
+def _not_json(body: bytes | str, what: str, error: msgspec.DecodeError) -> ApiError:
+    """A body that is not JSON. One that Python's reader takes holds NaN or Infinity, which `json.dumps` writes
+    for a non-finite float (a speaker embedding gone wrong, say): the error names the field that holds one."""
+    try:
+        value = json.loads(body)
+        fields = [key for key, item in value.items() if _non_finite(item)] if isinstance(value, dict) else []
+    except (ValueError, RecursionError):
+        fields = []
+    if fields:
+        return ApiError(400, f"invalid '{fields[0]}': NaN and Infinity are not numbers in JSON; every value must be "
+                             "finite", fields[0])
+    return ApiError(400, f"{what} is not valid JSON: {error}")
+
+
+def _non_finite(value: object) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return True
+    return False
 
 
 def decode_voice_upload(fields: dict[str, str | bytes]) -> VoiceUpload:
-    """The form's fields (text fields as str, files as bytes) → VoiceUpload, or ApiError(400) naming the field."""
+    """The form's fields (text fields as str, files as bytes) → VoiceUpload, or ApiError(400) naming the field: a
+    voice is `audio_sample` or `speaker_embedding` (JSON text in the form), exactly one."""
+    if isinstance(fields.get("speaker_embedding"), str):
+        fields = dict(fields, speaker_embedding=_embedding_field(fields["speaker_embedding"]))
     try:
-        return msgspec.convert(fields, VoiceUpload)
+        upload = msgspec.convert(fields, VoiceUpload)
     except msgspec.ValidationError as e:
         raise _invalid(e, "the form", VoiceUpload) from None
+    if upload.speaker_embedding is not None and upload.audio_sample is not None:
+        raise ApiError(400, "give audio_sample (a clip) or speaker_embedding (an x-vector), not both",
+                       "speaker_embedding")
+    if upload.speaker_embedding is None and upload.audio_sample is None:
+        raise ApiError(400, "missing required field 'audio_sample' (or 'speaker_embedding')", "audio_sample")
+    return upload
+
+
+def _embedding_field(text: str) -> list:
+    """The form's speaker_embedding, a JSON list of numbers, read by Python's reader, which takes NaN and Infinity
+    too: the checkpoint's check then refuses them by name, as for a speech request."""
+    try:
+        values = json.loads(text)
+    except (ValueError, RecursionError):
+        values = None
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values):
+        raise ApiError(400, "speaker_embedding must be a JSON list of numbers", "speaker_embedding")
+    return values

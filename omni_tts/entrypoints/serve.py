@@ -112,7 +112,7 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
     from omni_tts.entrypoints.voices_manifest import load_voices_manifest
     from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 
-    manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir).tts_model_type)
+    manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir))
                 if args.voices_manifest else None)
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return ServerConfig(

@@ -1,8 +1,9 @@
 """The voice store interface: what the server asks of the store that keeps uploaded voices (Base voice cloning),
 whatever keeps them. `VoiceStore` (voices.py), a directory every replica shares, is the default implementation.
 
-The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `list`, `in`, `add`, `delete`,
-`load` and `max_bytes`. An implementation owes every replica this contract:
+The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `list`, `in`, `add`,
+`add_embedding`, `delete`, `load` and `max_bytes`. A voice is a clip (`add`) or a speaker embedding, the speaker
+encoder's x-vector, without audio (`add_embedding`). An implementation owes every replica this contract:
 - every call sees the store as it is when the call starts, whichever replica wrote it: a voice uploaded, replaced
   or deleted through one replica is usable, updated or gone on every other on its next request; a `load` never
   returns a version that was replaced or deleted before the load began, and returns one version whole;
@@ -25,7 +26,10 @@ Names: 1–64 characters of `[A-Za-z0-9_.-]`, not starting with `.`. A name is s
 
 Uploads are untrusted: the container is sniffed from the bytes (libsndfile), never taken from the client's file
 name or MIME type, and only wav, flac, ogg/opus and mp3 are kept; `ref_text` is at most `MAX_REF_TEXT_CHARS`
-characters, refused at upload rather than failing every later use.
+characters, refused at upload rather than failing every later use; `consent` and `speaker_description` (free text
+kept with the voice and listed) at most `MAX_CONSENT_CHARS` and `MAX_DESCRIPTION_CHARS`. An embedding is checked
+against the served checkpoint by the server before it reaches a store (models/qwen3_tts/prompt.py,
+`check_speaker_embedding`): a store keeps any finite float32 vector of 1..`MAX_EMBEDDING_VALUES` values.
 
 Status codes (`VoiceError.status`): 400 bad name / ref_text too long / empty / undecodable / duration outside
 1–30 s, 413 larger than `max_bytes` or the store's quota, 415 audio in a container outside the allow-list, 409 voice
@@ -52,6 +56,9 @@ MAX_REF_TEXT_CHARS = 1024
 MAX_CONSENT_CHARS = 1024
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024   # one clip, as uploaded (the default of a store's max_bytes)
 UPLOADS_DISABLED = "voice uploads are disabled (start the server with --voices-dir)"
+MAX_DESCRIPTION_CHARS = 1024
+MAX_EMBEDDING_VALUES = 8192    # vllm-omni's bound; the checkpoints' x-vectors have 1024 (0.6B) or 2048 (1.7B)
+EMBEDDING_MIME_TYPE = "application/octet-stream"   # an embedding voice's file: raw float32, little-endian
 
 
 class VoiceError(ValueError):
@@ -72,8 +79,16 @@ class VoiceRecord:
     mime_type: str           # canonical type of the decoded container (audio/wav, audio/flac, audio/ogg, audio/mpeg)
     duration_s: float        # clip duration
     consent: str | None      # as given by the uploader
-    sample_rate: int         # sample rate of the clip as uploaded (load() gives 24 kHz)
-    path: str                # where the store keeps the clip (a file for VoiceStore, an object key elsewhere)
+    sample_rate: int         # sample rate of the clip as uploaded (load() gives 24 kHz); 0 for an embedding voice
+    path: str                # where the store keeps the clip or the embedding (a file for VoiceStore, an object
+                             # key elsewhere)
+    speaker_description: str | None = None   # free text from the uploader
+    embedding_dim: int | None = None   # an embedding voice (no audio): its vector's length; None: a clip voice
+
+    @property
+    def embedding_source(self) -> str:
+        """Where the voice's x-vector comes from: its clip ("audio") or the upload itself ("embedding")."""
+        return "audio" if self.embedding_dim is None else "embedding"
 
     @property
     def key(self) -> str:
@@ -81,16 +96,23 @@ class VoiceRecord:
 
     @property
     def voice_version(self) -> str:
-        """Names this version's clip for caches of what is derived from it (the talker's voice features)."""
+        """Names this version's clip for caches of what is derived from it (the talker's voice features, the
+        x-vector GET /v1/audio/voices/{name}/embedding answers)."""
         return f"{self.key}@{self.created_at!r}"
 
-    def to_json(self) -> dict:
+    def to_json(self, embedding_dim: int | None = None) -> dict:
         """The API view: the `openai` SDK's `Voice` (id, object, type, name, created_at) and vllm-omni's uploaded
-        voice (name, created_at, ref_text, consent, file_size, mime_type), plus duration_s. The id is the name:
-        what DELETE /v1/audio/voices/{id} and a speech request's `voice` take."""
-        return {"id": self.name, "object": "audio.voice", "type": "audio_sample", "name": self.name,
-                "created_at": self.created_at, "ref_text": self.ref_text, "consent": self.consent,
-                "file_size": self.file_size, "mime_type": self.mime_type, "duration_s": self.duration_s}
+        voice (name, created_at, ref_text, consent, file_size, mime_type, speaker_description, embedding_source,
+        embedding_dim), plus duration_s (None for an embedding voice). The id is the name: what DELETE
+        /v1/audio/voices/{id} and a speech request's `voice` take. embedding_dim: the served checkpoint's, shown
+        for a clip voice (the length of the x-vector its clip gives)."""
+        audio = self.embedding_dim is None
+        return {"id": self.name, "object": "audio.voice", "type": "audio_sample" if audio else "speaker_embedding",
+                "name": self.name, "created_at": self.created_at, "ref_text": self.ref_text,
+                "consent": self.consent, "speaker_description": self.speaker_description,
+                "file_size": self.file_size, "mime_type": self.mime_type,
+                "duration_s": self.duration_s if audio else None, "embedding_source": self.embedding_source,
+                "embedding_dim": embedding_dim if audio else self.embedding_dim}
 
 
 @runtime_checkable
@@ -109,9 +131,16 @@ class VoiceStoreBackend(Protocol):
         a hint only: `load` decides."""
         ...
 
-    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
+            speaker_description: str | None = None) -> VoiceRecord:
         """Check (`check_upload`) and store a clip as a new version of the voice `name`, replacing any voice of
         that name (case-insensitive); `VoiceError` when refused."""
+        ...
+
+    def add_embedding(self, name: str, embedding: np.ndarray, consent: str | None,
+                      speaker_description: str | None = None) -> VoiceRecord:
+        """Check (`check_embedding_upload`) and store a speaker embedding (the x-vector, already checked against
+        the served checkpoint) as a new version of the voice `name`, as `add` stores a clip."""
         ...
 
     def delete(self, name: str) -> VoiceRecord | None:
@@ -119,8 +148,9 @@ class VoiceStoreBackend(Protocol):
         ...
 
     def load(self, name: str) -> tuple[VoiceRecord, np.ndarray] | None:
-        """The voice's current version and its 24 kHz float32 samples (read-only), or None when there is none;
-        `VoiceError` 500 when its clip cannot be read."""
+        """The voice's current version and its 24 kHz float32 samples (read-only) or, for an embedding voice
+        (`embedding_dim` set), its float32 x-vector; None when there is none. `VoiceError` 500 when its file
+        cannot be read."""
         ...
 
 
@@ -131,6 +161,7 @@ class CheckedUpload:
     audio: bytes             # the clip exactly as uploaded
     ref_text: str | None     # stripped; None when blank
     consent: str | None
+    speaker_description: str | None
     samples: np.ndarray      # 24 kHz mono float32, read-only
     sample_rate: int         # of the clip as uploaded
     duration_s: float
@@ -153,8 +184,37 @@ def validate_name(name: str) -> str:
     return name
 
 
-def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None, *, max_bytes: int,
-                 min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> CheckedUpload:
+def _check_text(field: str, value: str | None, limit: int, strip: bool = False) -> str | None:
+    """A free-text field of an upload: a string of at most `limit` characters (stripped, blank → None, when
+    `strip`), or VoiceError naming it."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise VoiceError(f"{field} must be a string", 400, field)
+    if strip:
+        value = value.strip() or None
+    if value is not None and len(value) > limit:
+        raise VoiceError(f"{field} is longer than {limit} characters", 400, field)
+    return value
+
+
+def check_embedding_upload(name: str, embedding: np.ndarray, consent: str | None,
+                           speaker_description: str | None) -> tuple[np.ndarray, str | None, str | None]:
+    """What a store checks of an embedding voice: (the vector as read-only float32, consent, description), or
+    VoiceError. Its length and values against the checkpoint are the server's to check before."""
+    validate_name(name)
+    vector = np.array(embedding, dtype=np.float32)
+    if vector.ndim != 1 or not 1 <= vector.shape[0] <= MAX_EMBEDDING_VALUES or not np.isfinite(vector).all():
+        raise VoiceError(f"speaker_embedding must be 1 to {MAX_EMBEDDING_VALUES} finite numbers", 400,
+                         "speaker_embedding")
+    vector.flags.writeable = False
+    return (vector, _check_text("consent", consent, MAX_CONSENT_CHARS),
+            _check_text("speaker_description", speaker_description, MAX_DESCRIPTION_CHARS))
+
+
+def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
+                 speaker_description: str | None = None, *, max_bytes: int, min_seconds: float = MIN_SECONDS,
+                 max_seconds: float = MAX_SECONDS) -> CheckedUpload:
     """Every check an upload passes before any store keeps it; `VoiceError` with the status to answer. Blocking
     (decodes the clip)."""
     validate_name(name)
@@ -163,16 +223,9 @@ def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: s
         raise VoiceError(f"audio_sample is larger than the {max_bytes}-byte limit ({max_bytes / 2**20:g} MiB)", 413)
     if not audio_bytes:
         raise VoiceError("audio_sample is empty (0 bytes)")
-    if ref_text is not None:
-        if not isinstance(ref_text, str):
-            raise VoiceError("ref_text must be a string", 400, "ref_text")
-        ref_text = ref_text.strip() or None
-        if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
-            raise VoiceError(f"ref_text is longer than {MAX_REF_TEXT_CHARS} characters", 400, "ref_text")
-    if consent is not None and not isinstance(consent, str):
-        raise VoiceError("consent must be a string", 400, "consent")
-    if consent is not None and len(consent) > MAX_CONSENT_CHARS:
-        raise VoiceError(f"consent is longer than {MAX_CONSENT_CHARS} characters", 400, "consent")
+    ref_text = _check_text("ref_text", ref_text, MAX_REF_TEXT_CHARS, strip=True)
+    consent = _check_text("consent", consent, MAX_CONSENT_CHARS)
+    speaker_description = _check_text("speaker_description", speaker_description, MAX_DESCRIPTION_CHARS)
     try:
         clip = decode_reference(audio_bytes, min_seconds=min_seconds, max_seconds=max_seconds, label="audio_sample")
     except RefAudioError as e:
@@ -180,7 +233,8 @@ def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: s
     if clip.format not in _CONTAINERS:
         raise VoiceError(f"audio_sample is {clip.format} audio; upload wav, flac, ogg or mp3", 415)
     clip.samples.flags.writeable = False
-    return CheckedUpload(name=name, audio=audio_bytes, ref_text=ref_text, consent=consent, samples=clip.samples,
+    return CheckedUpload(name=name, audio=audio_bytes, ref_text=ref_text, consent=consent,
+                         speaker_description=speaker_description, samples=clip.samples,
                          sample_rate=clip.source_rate, duration_s=round(clip.duration_s, 3), container=clip.format,
                          subtype=clip.subtype)
 

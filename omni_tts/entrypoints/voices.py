@@ -26,28 +26,27 @@ each call reads the directory again:
 On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
 directory attribute-cache time (acdirmax, 60 s), and until then a voice uploaded through another host is unknown.
 
-Clips: a replaced or deleted clip is removed by its writer at once, or, when a `load` in the writer's process is
-reading it, as soon as that read ends (touched meanwhile, so other replicas' sweeps leave it alone). Another
-replica's load that has the clip open reads on (a local disk keeps an unlinked file while it is open); one whose
-clip vanished first (between its meta.json read and the clip's open, or mid-read on NFS) reads meta.json again and
-takes the version now current, or answers None when the voice is gone: a request gets one version whole, the one
-current when it looked or a later one. The clips of all live voices together stay within
-`quota_bytes`, plus clips still being read. Leftovers — temp files and clips no meta.json names, from a crash or a
-read that outlived its voice — are swept under the lock at start-up and in a voice's folder at each write of it,
-once older than `ORPHAN_GRACE_S`: a younger one may be another replica's clip still being read, and is left for a
-later sweep. A folder whose meta.json cannot be parsed is skipped with a warning and never swept. Voices stored
-with fractional `created_at` (before it was an integer) are read rounded up.
+Voice files (a clip, or an embedding voice's x-vector): a replaced or deleted one is removed by its writer at once,
+or, when a `load` in the writer's process reads it, as soon as that read ends (touched meanwhile, so other replicas'
+sweeps leave it alone). Another replica's load that has it open reads on (a local disk keeps an unlinked file while
+it is open); one whose file vanished first (between its meta.json read and the file's open, or mid-read on NFS)
+reads meta.json again and takes the version now current, or answers None when the voice is gone: a request gets one
+version whole, the one current when it looked or a later one. The files of all live voices together stay within
+`quota_bytes`, plus those still being read. Leftovers (temp files, voice files no meta.json names) are swept under
+the lock at start-up and in a voice's folder at each write of it, once older than `ORPHAN_GRACE_S` (a younger one
+may be another replica's, still being read). A folder whose meta.json cannot be parsed is skipped with a warning
+and never swept. Voices stored with fractional `created_at` (before it was an integer) are read rounded up.
 
-Decoded samples are cached per version (LRU bounded by bytes). Threads: every method but `in` and `cache_info`
+Loaded voices are cached per version (LRU bounded by bytes). Threads: every method but `in` and `cache_info`
 blocks on the disk: call them in an executor.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -56,17 +55,20 @@ from typing import Iterator
 
 import numpy as np
 
-from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, RefAudioError, decode_reference
+from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS
+from omni_tts.entrypoints.array_lru import ArrayLRU
 from omni_tts.entrypoints.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
                                              write_atomic)
-from omni_tts.entrypoints.voice_backend import (MAX_CONSENT_CHARS, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
+from omni_tts.entrypoints.voice_backend import (EMBEDDING_MIME_TYPE, MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS,
+                                                MAX_EMBEDDING_VALUES, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
                                                 CheckedUpload, VoiceError, VoiceRecord, VoiceStoreBackend,
-                                                check_upload, validate_name, voice_key)
-from omni_tts.entrypoints.voice_meta import META, is_clip, meta_bytes, parse_meta
+                                                check_embedding_upload, check_upload, validate_name, voice_key)
+from omni_tts.entrypoints.voice_meta import (EMBEDDING_FORMAT, META, decode_voice_file, is_voice_file, meta_bytes,
+                                             parse_meta, unreadable)
 
-__all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "QUOTA_BYTES",
-           "CheckedUpload", "VoiceError", "VoiceRecord", "VoiceStore", "VoiceStoreBackend", "check_upload",
-           "validate_name", "voice_key"]
+__all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_EMBEDDING_VALUES",
+           "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "QUOTA_BYTES", "CheckedUpload", "VoiceError", "VoiceRecord",
+           "VoiceStore", "VoiceStoreBackend", "check_embedding_upload", "check_upload", "validate_name", "voice_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +93,11 @@ class VoiceStore:
                                                                                cache_bytes)
         self.min_seconds, self.max_seconds = min_seconds, max_seconds
         os.makedirs(self.root, exist_ok=True)
-        self._lock = threading.Lock()          # in-memory state: _voices, _seen, _cache, _last_created, _pins, _doomed
+        self._lock = threading.Lock()          # in-memory state: _voices, _seen, _last_created, _pins, _doomed
         self._write_lock = threading.Lock()    # this process's writers, taken before the replicas' flock, then _lock
         self._voices: dict[str, VoiceRecord] = {}  # key → the version last read from disk
         self._seen: dict[str, bytes] = {}      # key → the meta.json bytes _voices[key] came from (absent: corrupt)
-        self._cache: collections.OrderedDict[tuple[str, int], np.ndarray] = collections.OrderedDict()
-        self._cached_bytes = 0
+        self._cache = ArrayLRU(cache_bytes)   # (key, created_at) → what `load` gives
         self._last_created = 0
         self._pins: collections.Counter[str] = collections.Counter()  # clip path → loads reading it now
         self._doomed: set[str] = set()   # replaced/deleted clips a load still reads: removed when the last one ends
@@ -154,7 +155,7 @@ class VoiceStore:
         """Index what disk says of `key` (caller holds _lock); a version no longer current leaves the cache."""
         old = self._voices.pop(key, None)
         if old is not None and (record is None or record.created_at != old.created_at):
-            self._forget(old)
+            self._cache.pop((old.key, old.created_at))
         if raw is None:
             self._seen.pop(key, None)
             return
@@ -185,10 +186,33 @@ class VoiceStore:
         key = voice_key(name)
         return key is not None and os.path.isfile(self._meta_path(key))
 
-    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
+            speaker_description: str | None = None) -> VoiceRecord:
         """Check and store a clip, replacing a voice of the same name (case-insensitive). Blocking."""
-        upload = check_upload(name, audio_bytes, ref_text, consent, max_bytes=self.max_bytes,
+        upload = check_upload(name, audio_bytes, ref_text, consent, speaker_description, max_bytes=self.max_bytes,
                               min_seconds=self.min_seconds, max_seconds=self.max_seconds)
+        draft = VoiceRecord(name=name, ref_text=upload.ref_text, created_at=0, file_size=len(upload.audio),
+                            mime_type=upload.mime_type, duration_s=upload.duration_s, consent=upload.consent,
+                            sample_rate=upload.sample_rate, path="", speaker_description=upload.speaker_description)
+        return self._store(draft, f"clip{{}}{upload.extension}", upload.audio, upload.samples,
+                           (upload.container, upload.subtype))
+
+    def add_embedding(self, name: str, embedding: np.ndarray, consent: str | None,
+                      speaker_description: str | None = None) -> VoiceRecord:
+        """Store a speaker embedding (checked against the served checkpoint by the caller: prompt.py's
+        `check_speaker_embedding`) as a voice without audio, replacing a voice of the same name. Blocking."""
+        vector, consent, description = check_embedding_upload(name, embedding, consent, speaker_description)
+        data = vector.astype("<f4").tobytes()
+        draft = VoiceRecord(name=name, ref_text=None, created_at=0, file_size=len(data), duration_s=0.0,
+                            mime_type=EMBEDDING_MIME_TYPE, consent=consent, sample_rate=0, path="",
+                            speaker_description=description, embedding_dim=vector.shape[0])
+        return self._store(draft, "embedding{}.f32", data, vector, EMBEDDING_FORMAT)
+
+    def _store(self, draft: VoiceRecord, file_name: str, data: bytes, loaded: np.ndarray,
+               file_format: tuple[str, str]) -> VoiceRecord:
+        """Store `draft` (a new version but its created_at and path) with `data` as its file `file_name` ({}: the
+        version) and swap its meta.json in; `loaded` is what `load` gives for it."""
+        name = draft.name
         key = name.lower()
         folder = os.path.join(self.root, key)
         with self._exclusive():
@@ -198,23 +222,21 @@ class VoiceStore:
                 raise VoiceError(f"voice limit reached ({self.max_voices} uploaded voices); delete one first", 409,
                                  "name")
             stored = sum(r.file_size for r in voices.values()) - (previous.file_size if previous else 0)
-            if stored + len(upload.audio) > self.quota_bytes:
+            if stored + len(data) > self.quota_bytes:
                 # 413, not 507: the client's upload exceeds what this server lets it store (SDKs retry 5xx)
                 raise VoiceError(f"the voice store is full (quota {self.quota_bytes / 2**20:g} MiB); delete a voice "
                                  "first", 413)
             created = max(int(time.time()), self._last_given() + 1)
-            clip_file = f"clip-{time.time_ns():x}-{uuid.uuid4().hex[:8]}{upload.extension}"
-            record = VoiceRecord(name=name, ref_text=upload.ref_text, created_at=created,
-                                 file_size=len(upload.audio), mime_type=upload.mime_type,
-                                 duration_s=upload.duration_s, consent=upload.consent,
-                                 sample_rate=upload.sample_rate, path=os.path.join(folder, clip_file))
-            meta = meta_bytes(record, upload)
+            version = f"-{time.time_ns():x}-{uuid.uuid4().hex[:8]}"
+            record = dataclasses.replace(draft, created_at=created,
+                                         path=os.path.join(folder, file_name.format(version)))
+            meta = meta_bytes(record, *file_format)
             try:
                 # the high-water mark first: a crash after it wastes a number, one before the meta.json could not
                 # hand this version's created_at out again once the voice is deleted
                 write_atomic(os.path.join(self.root, CLOCK_FILE), str(created).encode())
                 os.makedirs(folder, exist_ok=True)
-                write_atomic(record.path, upload.audio)
+                write_atomic(record.path, data)
                 write_atomic(os.path.join(folder, META), meta)
                 fsync_dir(folder)
             except OSError as e:
@@ -226,7 +248,7 @@ class VoiceStore:
                 raise VoiceError(f"could not store voice '{name}'; see the server log", 500, None) from None
             with self._lock:
                 self._install(key, meta, record)
-                self._remember((key, created), upload.samples)
+                self._cache.put((key, created), loaded)
             if previous is not None:
                 self._retire(previous.path)
             self._sweep(key)
@@ -268,11 +290,10 @@ class VoiceStore:
             record = self._current(key)
             if record is None:
                 return None
+            cached = self._cache.get((key, record.created_at))
+            if cached is not None:
+                return record, cached
             with self._lock:
-                cached = self._cache.get((key, record.created_at))
-                if cached is not None:
-                    self._cache.move_to_end((key, record.created_at))
-                    return record, cached
                 self._pins[record.path] += 1
             try:
                 with open(record.path, "rb") as f:
@@ -283,20 +304,19 @@ class VoiceStore:
                     return None  # deleted elsewhere while we looked
                 if latest.created_at != record.created_at and attempt + 1 < _LOAD_ATTEMPTS:
                     continue     # replaced elsewhere while we looked: read the new version
-                self._unreadable(record, e)
+                unreadable(record, e)
             finally:
                 self._unpin(record.path)
-            samples = self._decode_stored(record, data)
+            samples = decode_voice_file(record, data)
             with self._lock:
                 current = self._voices.get(key)
                 if current is not None and current.created_at == record.created_at:  # cache current versions only
-                    self._remember((key, record.created_at), samples)
+                    self._cache.put((key, record.created_at), samples)
             return record, samples
         return None
 
     def cache_info(self) -> dict:
-        with self._lock:
-            return {"entries": len(self._cache), "bytes": self._cached_bytes, "limit_bytes": self.cache_bytes}
+        return {"entries": len(self._cache), "bytes": self._cache.nbytes, "limit_bytes": self.cache_bytes}
 
     # --- internals -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -324,41 +344,12 @@ class VoiceStore:
             keep = set() if raw is None else {json.loads(raw)["file"]}
         except (OSError, ValueError, TypeError, KeyError):
             return
-        self._report(remove_stale(folder, is_clip, keep, ORPHAN_GRACE_S, remove_folder=raw is None))
+        self._report(remove_stale(folder, is_voice_file, keep, ORPHAN_GRACE_S, remove_folder=raw is None))
 
     @staticmethod
     def _report(failures: list[str]) -> None:
         for failure in failures:
             logger.warning("voices: could not remove %s", failure)
-
-    def _remember(self, cache_key: tuple[str, int], samples: np.ndarray) -> None:
-        """Insert into the LRU (caller holds _lock); one entry larger than the budget is kept alone."""
-        old = self._cache.pop(cache_key, None)
-        if old is not None:
-            self._cached_bytes -= old.nbytes
-        self._cache[cache_key] = samples
-        self._cached_bytes += samples.nbytes
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-            _, evicted = self._cache.popitem(last=False)
-            self._cached_bytes -= evicted.nbytes
-
-    def _forget(self, record: VoiceRecord) -> None:
-        evicted = self._cache.pop((record.key, record.created_at), None)
-        if evicted is not None:
-            self._cached_bytes -= evicted.nbytes
-
-    @staticmethod
-    def _unreadable(record: VoiceRecord, error: Exception) -> None:
-        logger.error("voices: the clip of voice %r (%s) cannot be read: %s", record.name, record.path, error)
-        raise VoiceError(f"voice '{record.name}' could not be read; see the server log", 500, "voice")
-
-    def _decode_stored(self, record: VoiceRecord, data: bytes) -> np.ndarray:
-        try:
-            samples = decode_reference(data, min_seconds=0.0, max_seconds=math.inf, label="stored voice").samples
-        except RefAudioError as e:
-            self._unreadable(record, e)
-        samples.flags.writeable = False
-        return samples
 
     def _retire(self, path: str) -> None:
         """Remove a replaced or deleted clip now, or when the last load reading it ends (caller holds _exclusive)."""

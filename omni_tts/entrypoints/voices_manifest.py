@@ -3,14 +3,16 @@ runs.
 
 The file (JSON, or YAML when it ends in .yaml / .yml) lists the voices:
 
-    {"voices": [{"name": "narrator", "audio": "clips/narrator.wav", "ref_text": "...", "consent": "..."}]}
+    {"voices": [{"name": "narrator", "audio": "clips/narrator.wav", "ref_text": "...", "consent": "..."},
+                {"name": "mixed", "embedding": [0.01, -0.2, ...]}]}
 
-`audio` is a path relative to the manifest's folder (or absolute); `ref_text` (the clip's transcript: in-context
-cloning, else x-vector) and `consent` are optional. Each entry passes the checks an upload passes
-(`voice_backend.check_upload`: name, size, container, 1–30 s, text lengths), and names are unique
-case-insensitively; the first entry that fails stops the server with one line naming it. An entry is one object
-with one source field, so an `embedding` entry (a speaker-encoder vector instead of a clip) can join `audio` later
-without changing the others. Base checkpoints only.
+Each entry has one source: `audio`, a clip (a path relative to the manifest's folder, or absolute), or
+`embedding`, the speaker encoder's vector (as `GET /v1/audio/voices/{name}/embedding` gives it: x-vector-only
+cloning). `ref_text` (a clip's transcript: in-context cloning, else x-vector), `consent` and `speaker_description`
+are optional. Each entry passes the checks an upload passes (`voice_backend.check_upload` for a clip: name, size,
+container, 1–30 s, text lengths; `prompt.check_speaker_embedding` against the served checkpoint for a vector), and
+names are unique case-insensitively; the first entry that fails stops the server with one line naming it. Base
+checkpoints only.
 
 `VoicesWithManifest` serves them through the voice store interface (`VoiceStoreBackend`) in front of the uploaded
 voices' store, if any: listed with them (marked `read_only`), spoken by name as they are, and never replaced or
@@ -29,8 +31,11 @@ import msgspec
 import msgspec.yaml
 import numpy as np
 
-from omni_tts.entrypoints.voice_backend import (MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceError, VoiceRecord,
-                                                VoiceStoreBackend, check_upload, voice_key)
+from omni_tts.entrypoints.voice_backend import (EMBEDDING_MIME_TYPE, MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceError,
+                                                VoiceRecord, VoiceStoreBackend, check_embedding_upload, check_upload,
+                                                voice_key)
+from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +44,11 @@ MAX_MANIFEST_VOICES = 1000
 
 class ManifestEntry(msgspec.Struct, forbid_unknown_fields=True):
     name: str
-    audio: str
+    audio: str | None = None
+    embedding: list[float] | None = None
     ref_text: str | None = None
     consent: str | None = None
+    speaker_description: str | None = None
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True):
@@ -57,20 +64,21 @@ class ManifestVoice(VoiceRecord):
     def voice_version(self) -> str:
         return f"{self.key}@manifest-{self.digest[:16]}"
 
-    def to_json(self) -> dict:
-        return super().to_json() | {"read_only": True}
+    def to_json(self, embedding_dim: int | None = None) -> dict:
+        return super().to_json(embedding_dim) | {"read_only": True}
 
 
 # key → the voice and its 24 kHz float32 samples (read-only)
 VoiceManifest = dict[str, tuple[ManifestVoice, np.ndarray]]
 
 
-def load_voices_manifest(path: str, model_type: str) -> VoiceManifest:
-    """The manifest's voices, each checked; ValueError, one line naming the file and the entry, for the first
-    problem."""
+def load_voices_manifest(path: str, config: Qwen3TTSConfig) -> VoiceManifest:
+    """The manifest's voices, each checked against the served checkpoint's `config`; ValueError, one line naming
+    the file and the entry, for the first problem."""
     where = f"--voices-manifest {path}"
-    if model_type != "base":
-        raise ValueError(f"{where}: manifest voices need a Base (voice clone) checkpoint; this one is {model_type}")
+    if config.tts_model_type != "base":
+        raise ValueError(f"{where}: manifest voices need a Base (voice clone) checkpoint; this one is "
+                         f"{config.tts_model_type}")
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -86,26 +94,50 @@ def load_voices_manifest(path: str, model_type: str) -> VoiceManifest:
     voices: VoiceManifest = {}
     for index, entry in enumerate(manifest.voices):
         label = f"{where}: voices[{index}] ({entry.name!r})"
-        clip_path = os.path.join(folder, entry.audio)
         try:
-            with open(clip_path, "rb") as f:
-                audio = f.read()
-        except OSError as e:
-            raise ValueError(f"{label}: cannot read audio {entry.audio!r}: {e.strerror}") from None
-        try:
-            upload = check_upload(entry.name, audio, entry.ref_text, entry.consent, max_bytes=MAX_UPLOAD_BYTES)
-        except VoiceError as e:
+            if (entry.audio is None) == (entry.embedding is None):
+                raise ValueError("give one source: audio (a clip) or embedding (a speaker encoder vector)")
+            voice = (_clip_voice(entry, folder, created_at) if entry.audio is not None else
+                     _embedding_voice(entry, config, path, created_at))
+        except (ValueError, VoiceError) as e:
             raise ValueError(f"{label}: {e}") from None
         key = voice_key(entry.name)
         if key in voices:
             raise ValueError(f"{label}: the name is given twice (names are case-insensitive)")
-        record = ManifestVoice(name=entry.name, ref_text=upload.ref_text, created_at=created_at,
-                               file_size=len(audio), mime_type=upload.mime_type, duration_s=upload.duration_s,
-                               consent=upload.consent, sample_rate=upload.sample_rate, path=clip_path,
-                               digest=hashlib.sha256(audio).hexdigest())
-        voices[key] = (record, upload.samples)
+        voices[key] = voice
     logger.info("voices: %d read-only voice(s) from %s", len(voices), path)
     return voices
+
+
+def _clip_voice(entry: ManifestEntry, folder: str, created_at: int) -> tuple[ManifestVoice, np.ndarray]:
+    clip_path = os.path.join(folder, entry.audio)
+    try:
+        with open(clip_path, "rb") as f:
+            audio = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read audio {entry.audio!r}: {e.strerror}") from None
+    upload = check_upload(entry.name, audio, entry.ref_text, entry.consent, entry.speaker_description,
+                          max_bytes=MAX_UPLOAD_BYTES)
+    record = ManifestVoice(name=entry.name, ref_text=upload.ref_text, created_at=created_at, file_size=len(audio),
+                           mime_type=upload.mime_type, duration_s=upload.duration_s, consent=upload.consent,
+                           sample_rate=upload.sample_rate, path=clip_path,
+                           speaker_description=upload.speaker_description, digest=hashlib.sha256(audio).hexdigest())
+    return record, upload.samples
+
+
+def _embedding_voice(entry: ManifestEntry, config: Qwen3TTSConfig, path: str,
+                     created_at: int) -> tuple[ManifestVoice, np.ndarray]:
+    try:
+        vector = check_speaker_embedding(config, entry.embedding, ref_audio=False, ref_text=entry.ref_text is not None)
+    except RequestError as e:
+        raise ValueError(str(e)) from None
+    vector, consent, description = check_embedding_upload(entry.name, vector, entry.consent, entry.speaker_description)
+    data = vector.astype("<f4").tobytes()
+    record = ManifestVoice(name=entry.name, ref_text=None, created_at=created_at, file_size=len(data),
+                           mime_type=EMBEDDING_MIME_TYPE, duration_s=0.0, consent=consent, sample_rate=0, path=path,
+                           speaker_description=description, embedding_dim=vector.shape[0],
+                           digest=hashlib.sha256(data).hexdigest())
+    return record, vector
 
 
 class VoicesWithManifest:
@@ -123,11 +155,20 @@ class VoicesWithManifest:
     def __contains__(self, name: object) -> bool:
         return voice_key(name) in self.manifest or (self.store is not None and name in self.store)
 
-    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None) -> VoiceRecord:
+    def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
+            speaker_description: str | None = None) -> VoiceRecord:
+        return self._writable(name).add(name, audio_bytes, ref_text, consent, speaker_description)
+
+    def add_embedding(self, name: str, embedding: np.ndarray, consent: str | None,
+                      speaker_description: str | None = None) -> VoiceRecord:
+        return self._writable(name).add_embedding(name, embedding, consent, speaker_description)
+
+    def _writable(self, name: str) -> VoiceStoreBackend:
+        """The store that takes a new version of `name`: refused for a manifest voice, or when uploads are off."""
         self._refuse_read_only(name, "replaced")
         if self.store is None:
             raise VoiceError(UPLOADS_DISABLED, 404, None)
-        return self.store.add(name, audio_bytes, ref_text, consent)
+        return self.store
 
     def delete(self, name: str) -> VoiceRecord | None:
         self._refuse_read_only(name, "deleted")

@@ -17,12 +17,14 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Callable
 
+import numpy as np
+
 from omni_tts.config import PipelineConfig
 from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
-from omni_tts.models.qwen3_tts.prompt import PromptBuilder, RequestError, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
 from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
 
@@ -174,6 +176,16 @@ class AsyncTTS:
         stream = TextStream(self.client, self.processor, state, add, first_audio_timeout, idle_timeout)
         stream.wait_for_text()
         return stream
+
+    async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
+                          timeout: float = 60.0) -> np.ndarray:
+        """The x-vector stage 0 computes from a clip, float32 [enc_dim]: what a Base request with this ref_audio in
+        x-vector-only mode puts in its prompt, so sending it back as `speaker_embedding` gives the same audio.
+        voice_version: as for `generate` (the clip's features are cached under it). RequestError for a checkpoint
+        without a speaker encoder or an unreadable clip; the errors of `generate` otherwise."""
+        self.supervisor.check_alive()
+        command = await self.processor.embed_voice(uuid.uuid4().hex, ref_audio, voice_version)
+        return await self.client.embed_voice(command, timeout)
 
     async def abort(self, request_id: str) -> None:
         """Free the request in every stage (each drops it within one step)."""

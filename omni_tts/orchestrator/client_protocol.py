@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+import numpy as np
+
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
-from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
 from .types import SpeechChunk
@@ -67,6 +69,11 @@ class TTSClient(Protocol):
                                initial_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = 30.0) -> SpeechTextStream: ...
+
+    async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
+                          timeout: float = 60.0) -> np.ndarray:
+        """The x-vector the talker computes from a clip (float32 [enc_dim]; Base checkpoints): sent back as a
+        request's `speaker_embedding`, it gives the clip's x-vector-only audio (AsyncTTS.embed_voice)."""
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         """The stages' figures, keyed by stage name (`<replica>/<stage>` when several pipelines answer)."""

@@ -1,6 +1,7 @@
 """The input processor: a SynthesisRequest → the one prepared request the talker stage takes (`AddRequest`):
 validated and tokenized (a single-worker executor: the tokenizer is not re-entrant), its voice and sampling
-resolved against the checkpoint and the server's defaults, and (Base) its reference audio as 24 kHz float32.
+resolved against the checkpoint and the server's defaults, and (Base) its reference audio as 24 kHz float32 or
+the x-vector it was given instead.
 
 Reference audio is decoded once: a caller that has the samples already (the server decodes and checks clips as it
 takes them) passes a 24 kHz float32 array; paths, file bytes, data URIs and (samples, rate) are read here.
@@ -21,7 +22,7 @@ from omni_tts.models.qwen3_tts.model import reference_audio_24k
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, PromptLimits, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling, SamplingError, SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
-from omni_tts.stages.protocol import AddRequest
+from omni_tts.stages.protocol import AddRequest, EmbedVoice
 
 
 class InputProcessor:
@@ -44,11 +45,13 @@ class InputProcessor:
                                                              f"got {initial_chunk_frames}")
         prompt = await self.tokenize(self.prompts.tokenize, request, text_open)
         sampling = self.resolve_sampling(request.sampling)
-        ref_audio = None
-        if self.config.tts_model_type == "base":
+        ref_audio = embedding = None
+        if request.speaker_embedding is not None:  # checked by tokenize: a Base checkpoint's x-vector
+            embedding = np.asarray(request.speaker_embedding, dtype=np.float32).tobytes()
+        elif self.config.tts_model_type == "base":
             ref_audio = await self._reference_audio(request.ref_audio)
         return AddRequest(request_id, prompt, sampling, token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
-                          ref_audio=ref_audio, initial_chunk_frames=initial_chunk_frames,
+                          ref_audio=ref_audio, speaker_embedding=embedding, initial_chunk_frames=initial_chunk_frames,
                           voice_version=voice_version if ref_audio is not None else None, text_open=text_open)
 
     async def tokenize(self, fn: Callable, *args: object):
@@ -61,6 +64,12 @@ class InputProcessor:
             return resolve_sampling(params, self.generation_config, self.pipeline.sampling)
         except SamplingError as e:
             raise RequestError(e.param, str(e)) from None
+
+    async def embed_voice(self, request_id: str, ref_audio: AudioInput, voice_version: str | None) -> EmbedVoice:
+        """The talker's question for a clip's x-vector (Base checkpoints; RequestError('ref_audio') otherwise)."""
+        if self.config.tts_model_type != "base":
+            raise RequestError("ref_audio", "speaker embeddings need a Base (voice clone) model")
+        return EmbedVoice(request_id, await self._reference_audio(ref_audio), voice_version)
 
     async def _reference_audio(self, ref_audio: AudioInput | None) -> bytes:
         if isinstance(ref_audio, np.ndarray):  # decoded by the caller: checked here, not read again

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import numpy as np
 from ray import serve
 from ray.actor import ActorHandle
 
 from omni_tts.config import PipelineConfig, set_torch_threads
-from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.protocol import StageStats
@@ -67,6 +68,14 @@ class EngineReplica:
         finally:
             feeder.cancel()
             await stream.aclose()
+
+    async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None,
+                          timeout: float) -> np.ndarray | EngineError:
+        """The engine's x-vector of a clip, or the error it raised (returned, pickled whole, as `generate`'s)."""
+        try:
+            return await self.engine.embed_voice(ref_audio, voice_version, timeout)
+        except ENGINE_ERRORS as e:
+            return e
 
     async def stats(self) -> tuple[str, dict[str, StageStats], dict[str, int]]:
         """This replica's id, its stages' figures ({} while they cannot answer) and its pipeline restarts."""

@@ -16,6 +16,7 @@ import collections
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
+import numpy as np
 import ray
 from ray import serve
 from ray.exceptions import RayActorError
@@ -24,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from omni_tts.config import PipelineConfig
 from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
-from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.stages.protocol import StageStats
 
 from .input_processor import load_prompts
@@ -147,6 +148,16 @@ class RayTTS:
             await stream.aclose()
             raise
         return stream
+
+    async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
+                          timeout: float = 60.0) -> np.ndarray:
+        try:
+            answer = await self._handle.embed_voice.remote(ref_audio, voice_version, timeout)
+        except RayActorError as e:
+            raise StageDeadError(f"the replica serving this request died ({type(e).__name__})") from None
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         answers = await self._handle.broadcast("stats").results_async(timeout_s=timeout, return_exceptions=True)

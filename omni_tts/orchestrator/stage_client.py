@@ -17,8 +17,9 @@ import numpy as np
 
 from omni_tts.config import PipelineConfig
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, GetStats, Heartbeat, Ready, Register,
-                                      StageCommand, StageEvent, StageFailed, StageStats, TalkerDone)
+from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
+                                      Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
+                                      VoiceEmbedding)
 
 from .supervisor import StageSupervisor
 from .types import RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage
@@ -48,6 +49,7 @@ class StageClient:
         self.requests: dict[str, RequestState] = {}
         self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
         self._stats: dict[str, asyncio.Future] = {}
+        self._embeddings: dict[str, asyncio.Future] = {}   # EmbedVoice id → its answer
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
 
@@ -150,6 +152,23 @@ class StageClient:
             self._cancel_deadlines(state)
             state.queue.put_nowait(error)
         self.requests.clear()
+        for waiter in self._embeddings.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    async def embed_voice(self, command: EmbedVoice, timeout: float) -> np.ndarray:
+        """Stage 0's x-vector of a clip, float32 [enc_dim]: RequestFailed when the clip gives none, StageDeadError
+        when the pipeline fails meanwhile, RequestTimedOut past `timeout` seconds."""
+        self.supervisor.check_alive()
+        waiter = self._embeddings[command.request_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self.supervisor.send("talker", self._encoder.encode(command), self.supervisor.epoch)
+            return await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            await self.abort(command.request_id)
+            raise RequestTimedOut(f"the speaker embedding took over {timeout:g} s", before_first_audio=True) from None
+        finally:
+            del self._embeddings[command.request_id]
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         """Ask both stages for their live request ids, step counts and CPU time."""
@@ -174,6 +193,13 @@ class StageClient:
             self._on_audio(event)
         elif isinstance(event, TalkerDone):
             self._on_talker_done(event)
+        elif isinstance(event, VoiceEmbedding):
+            waiter = self._embeddings.get(event.request_id)
+            if waiter is not None and not waiter.done():
+                if event.error is None:
+                    waiter.set_result(np.frombuffer(event.embedding, dtype=np.float32))
+                else:
+                    waiter.set_exception(RequestFailed(event.error))
         elif isinstance(event, Heartbeat):
             self.supervisor.on_heartbeat(event.stage, event.busy_seconds)
         elif isinstance(event, StageStats):

@@ -19,6 +19,7 @@ class AddRequest(msgspec.Struct, tag=True):
     sampling: ResolvedSampling       # a dataclass: msgspec encodes and decodes it as is
     max_tokens: int
     ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
+    speaker_embedding: bytes | None = None   # Base, instead of ref_audio: the x-vector as float32 [enc_dim]
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
     voice_version: str | None = None  # an uploaded voice's version (VoiceRecord.voice_version): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
@@ -31,6 +32,14 @@ class AppendText(msgspec.Struct, tag=True):
     text_ids: list[int]
     max_tokens: int                  # the token limit for the text so far (with done: the request's)
     done: bool
+
+
+class EmbedVoice(msgspec.Struct, tag=True):
+    """Stage 0: the x-vector of a clip, answered with a VoiceEmbedding: computed as a request's would be (the same
+    worker and device), so the vector sent back as `speaker_embedding` gives the clip's x-vector-only audio."""
+    request_id: str
+    ref_audio: bytes                 # float32 mono samples at 24 kHz
+    voice_version: str | None = None  # an uploaded voice's version: the features cache shares it with requests
 
 
 class Register(msgspec.Struct, tag=True):
@@ -50,7 +59,7 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-StageCommand = AddRequest | AppendText | Register | Abort | GetStats | Shutdown
+StageCommand = AddRequest | AppendText | EmbedVoice | Register | Abort | GetStats | Shutdown
 
 
 # --- stages → orchestrator -------------------------------------------------------------------------------------
@@ -66,6 +75,13 @@ class TalkerDone(msgspec.Struct, tag=True):
     finish_reason: str
     num_prompt_rows: int = 0
     num_reference_frames: int = 0    # an ICL voice clone's reference codes in the prompt (its audio input tokens)
+    error: str | None = None
+
+
+class VoiceEmbedding(msgspec.Struct, tag=True):
+    """Stage 0's answer to an EmbedVoice: the x-vector as float32 bytes, or why the clip gave none."""
+    request_id: str
+    embedding: bytes = b""
     error: str | None = None
 
 
@@ -130,7 +146,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     busy_seconds: float
 
 
-StageEvent = Ready | TalkerDone | AudioEvent | StageStats | StageFailed | Heartbeat
+StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | StageFailed | Heartbeat
 
 
 class StageLaunch(msgspec.Struct):

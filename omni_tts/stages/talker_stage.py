@@ -22,9 +22,9 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import embed_prompt, embed_text
 
 from .common import StageIO, run_stage
-from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, GetStats, Ready,
-                       Shutdown, StageLaunch, StageStats, TalkerDone)
-from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatureWorker
+from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice, GetStats,
+                       Ready, Shutdown, StageLaunch, StageStats, TalkerDone, VoiceEmbedding)
+from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
 
 
 @dataclass
@@ -77,6 +77,9 @@ class TalkerStage:
                     return
                 self._handle(message)
             for job in self.voice_features.take_finished():
+                if isinstance(job.request, EmbedVoice):
+                    self._answer_embedding(job.request.request_id, job.features, job.error)
+                    continue
                 request = self.requests[job.request.request_id]  # an aborted job is never handed back
                 if job.error is not None:
                     self._fail(request, job.error)
@@ -102,6 +105,12 @@ class TalkerStage:
             self._on_add_request(message)
         elif isinstance(message, AppendText):
             self._on_append_text(message)
+        elif isinstance(message, EmbedVoice):
+            cached = self.voice_cache.get(message.voice_version, icl=False)
+            if cached is None:
+                self.voice_features.submit(FeatureJob(message))
+            else:
+                self._answer_embedding(message.request_id, cached, None)
         elif isinstance(message, Abort):
             self.voice_features.cancel(message.request_id)
             self.engine.abort(message.request_id)
@@ -117,13 +126,23 @@ class TalkerStage:
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open)
-        if m.ref_audio is not None:
+        if m.speaker_embedding is not None:  # the x-vector itself: embed_prompt moves it to the talker's device
+            m.prompt.speaker_embedding = torch.frombuffer(bytearray(m.speaker_embedding), dtype=torch.float32)
+        elif m.ref_audio is not None:
             cached = self.voice_cache.get(m.voice_version, icl=m.prompt.ref_text_ids is not None)
             if cached is None:
                 self.voice_features.submit(FeatureJob(m))
                 return
             cached.apply(m.prompt)
         self._on_features(request)
+
+    def _answer_embedding(self, request_id: str, features: VoiceFeatures | None, error: str | None) -> None:
+        """An EmbedVoice's x-vector, exactly as a request's prompt would hold it, as float32 bytes."""
+        if features is None:
+            self.io.send(VoiceEmbedding(request_id, error=error))
+            return
+        vector = features.speaker_embedding.detach().to("cpu", torch.float32)
+        self.io.send(VoiceEmbedding(request_id, vector.numpy().tobytes()))
 
     def _on_features(self, request: TalkerStageRequest) -> None:
         """A request with its voice features: into the engine, or (open text) once its prefill's text is here."""

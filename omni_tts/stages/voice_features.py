@@ -29,7 +29,7 @@ import torch
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 
-from .protocol import AddRequest
+from .protocol import AddRequest, EmbedVoice
 
 WORKER_NICENESS = 5  # CPU: on top of the stage's; streams keep their pace, admission waits when cores are short
 MAX_CACHED_VOICES = 256
@@ -55,13 +55,14 @@ class VoiceFeatures:
 
 @dataclass
 class FeatureJob:
-    request: AddRequest                  # its prompt is the loop's (the worker only reads whether it is ICL)
+    request: AddRequest | EmbedVoice     # a request's prompt is the loop's (the worker only reads whether it is
+                                         # ICL); an EmbedVoice wants the x-vector alone
     features: VoiceFeatures | None = None   # set by the worker, or
     error: str | None = None                # why the clip gave none
 
     @property
     def icl(self) -> bool:
-        return self.request.prompt.ref_text_ids is not None
+        return isinstance(self.request, AddRequest) and self.request.prompt.ref_text_ids is not None
 
 
 class VoiceFeatureCache:
@@ -185,7 +186,10 @@ class VoiceFeatureWorker:
             if cached is not None:
                 return cached
         # a copy of the ICL job's prompt, if any, so the model computes the reference codes too
-        prompt = msgspec.structs.replace(next((job for job in jobs if job.icl), jobs[0]).request.prompt)
+        icl_job = next((job for job in jobs if job.icl), None)
+        prompt = (msgspec.structs.replace(icl_job.request.prompt) if icl_job is not None else
+                  TalkerPrompt(role_ids=[], text_ids=[], instruct_ids=[], language_id=None, speaker_id=None,
+                               non_streaming=False))
         wav = np.frombuffer(audio, dtype=np.float32).copy()
         if self.stream is None:
             self.tts.add_voice_features(prompt, wav)

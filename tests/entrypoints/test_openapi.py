@@ -50,7 +50,8 @@ def test_served_document_is_valid_openapi(server):
     strict = openapi_document(ACCEPTED, api_key_required=False, strict_fields=True)["components"]["schemas"]
     assert strict["SpeechRequest"]["additionalProperties"] is False  # --strict-fields refuses them
     upload = document["components"]["schemas"]["VoiceUpload"]
-    assert upload["additionalProperties"] is False and upload["required"] == ["name", "audio_sample"]
+    assert upload["additionalProperties"] is False and upload["required"] == ["name"]
+    assert upload["oneOf"] == [{"required": ["audio_sample"]}, {"required": ["speaker_embedding"]}]  # one of them
     assert document == openapi_document(ACCEPTED, api_key_required=False)
 
 

@@ -378,7 +378,8 @@ def test_voice_store_lifecycle(tmp_path):
     assert first.to_json() == {"id": "Fox", "object": "audio.voice", "type": "audio_sample", "name": "Fox",
                                "ref_text": "The quick brown fox.", "created_at": first.created_at,
                                "file_size": len(CLIP), "mime_type": "audio/wav",
-                               "duration_s": round(len(CLIP_WAV) / 24000, 3), "consent": "yes"}
+                               "duration_s": round(len(CLIP_WAV) / 24000, 3), "consent": "yes",
+                               "speaker_description": None, "embedding_source": "audio", "embedding_dim": None}
     assert isinstance(first.created_at, int) and abs(first.created_at - time.time()) < 60
     assert "fox" in store and "FOX" in store and "fo" not in store
     assert record_of(store, "fox") == first and record_of(store, "FOX") == first and store.load("fo") is None

@@ -91,6 +91,29 @@ def test_a_manifest_voice_cannot_be_deleted_or_replaced(server):
     assert request(server.url + "/v1/audio/voices/passing", method="DELETE")[0] == 200
 
 
+def test_an_embedding_entry_speaks_as_the_clip_it_was_computed_from(server, tmp_path):
+    """A manifest entry holding a speaker embedding (as the GET route gives a manifest clip voice's) speaks what
+    that clip voice speaks in x-vector mode (it has no ref_text)."""
+    status, _, body = request(server.url + "/v1/audio/voices/plain/embedding")
+    assert status == 200
+    vector = json.loads(body)["speaker_embedding"]
+    status, _, expected = speech(server, {"voice": "plain"})
+    assert status == 200
+    (tmp_path / "voices.json").write_text(json.dumps({"voices": [
+        {"name": "mixed", "embedding": vector, "speaker_description": "a vector prepared offline"}]}))
+    embedded = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
+                             "--voices-manifest", str(tmp_path / "voices.json"))
+    try:
+        status, _, pcm = speech(embedded, {"voice": "mixed"})
+        assert status == 200
+        assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
+        (voice,) = json.loads(request(embedded.url + "/v1/audio/voices")[2])["uploaded_voices"]
+        assert voice["embedding_source"] == "embedding" and voice["embedding_dim"] == len(vector)
+        assert voice["read_only"] is True and voice["speaker_description"] == "a vector prepared offline"
+    finally:
+        embedded.stop()
+
+
 def _short_clip(path):
     sf.write(path, np.zeros(12000, np.float32), 24000)  # 0.5 s: under the 1 s an upload needs
 
@@ -102,7 +125,12 @@ BAD_MANIFESTS = [  # (checkpoint, manifest, what the one line says)
      "voices[1] ('twice'): the name is given twice"),
     ("tiny-base", {"voices": [{"name": "short", "audio": "short.wav"}]}, "voices[0] ('short'): "),
     ("tiny-base", {"voices": [{"name": "bad/name", "audio": "ref.wav"}]}, "voices[0] ('bad/name'): voice name must"),
-    ("tiny-base", {"voices": [{"name": "noclip"}]}, "missing required field `audio` - at `$.voices[0]`"),
+    ("tiny-base", {"voices": [{"name": "noclip"}]}, "voices[0] ('noclip'): give one source: audio (a clip) or "
+     "embedding"),
+    ("tiny-base", {"voices": [{"name": "both", "audio": "ref.wav", "embedding": [0.0] * 64}]},
+     "voices[0] ('both'): give one source"),
+    ("tiny-base", {"voices": [{"name": "short_vector", "embedding": [0.1] * 3}]},
+     "voices[0] ('short_vector'): speaker_embedding must be a list of 64 numbers"),
     ("tiny-custom-voice", {"voices": []}, "manifest voices need a Base (voice clone) checkpoint"),
 ]
 

@@ -9,6 +9,7 @@ from typing import Callable, TypeVar
 from aiohttp import web
 
 from omni_tts.audio.url_fetch import RemoteAudioFetcher
+from omni_tts.entrypoints.array_lru import ArrayLRU
 from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
@@ -20,6 +21,7 @@ from .config import ServerConfig
 from .in_flight import InFlight
 
 T = TypeVar("T")
+VOICE_EMBEDDINGS_BYTES = 64 * 2**20   # 8192 x-vectors of the 1.7B checkpoints (2048 float32 each)
 
 
 class ServerState:
@@ -37,6 +39,8 @@ class ServerState:
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
         if config.voices_manifest is not None:
             self.voices = VoicesWithManifest(config.voices_manifest, self.voices)
+        # clip voices' x-vectors by voice version, as GET /v1/audio/voices/{name}/embedding computed them
+        self.voice_embeddings = ArrayLRU(VOICE_EMBEDDINGS_BYTES)
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
         self.in_flight = in_flight

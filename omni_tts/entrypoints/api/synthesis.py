@@ -12,7 +12,7 @@ from omni_tts.entrypoints.names import VoiceChoice, unknown_uploaded_voice
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions, SpeechRequest
 from omni_tts.entrypoints.voices import VoiceError
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest, check_speaker_embedding
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.orchestrator.types import SpeechChunk
 
@@ -48,9 +48,16 @@ def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoi
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     if speech.ref_audio is not None and config.tts_model_type != "base":
         raise ApiError(400, "ref_audio is only supported by Base (voice clone) models", "ref_audio")
+    if speech.speaker_embedding is not None:
+        try:
+            check_speaker_embedding(config, speech.speaker_embedding, ref_audio=speech.ref_audio is not None,
+                                    ref_text=bool((speech.ref_text or "").strip()))
+        except RequestError as e:
+            raise ApiError(400, str(e), e.param) from None
+    reference = ("ref_audio" if speech.ref_audio is not None else
+                 "speaker_embedding" if speech.speaker_embedding is not None else None)
     voices = state.voices
-    return state.voice_names.choose(speech.voice_name, speech.ref_audio is not None,
-                                    lambda name: voices is not None and name in voices)
+    return state.voice_names.choose(speech.voice_name, reference, lambda name: voices is not None and name in voices)
 
 
 def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
@@ -63,10 +70,11 @@ def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
 
 async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
                                   text: str) -> tuple[SynthesisRequest, str | None]:
-    """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one. Fetches
-    and decodes reference audio: call it only once the request is admitted."""
+    """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one (an
+    embedding voice's x-vector needs no cache). Fetches and decodes reference audio: call it only once the request
+    is admitted."""
     ref_audio, ref_text, voice_version = None, speech.ref_text, None
-    x_vector_only = speech.x_vector_only_mode
+    x_vector_only, embedding = speech.x_vector_only_mode, speech.speaker_embedding
     if speech.ref_audio is not None:
         try:
             samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
@@ -81,16 +89,23 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
             raise ApiError(e.status, str(e), "voice") from None
         if loaded is None:  # deleted since the request was checked
             raise unknown_uploaded_voice(voice.uploaded)
-        record, samples = loaded
-        ref_audio = samples
-        voice_version = record.voice_version
-        if ref_text is None:
-            ref_text = record.ref_text
-        x_vector_only = x_vector_only or not ref_text
+        record, loaded_voice = loaded
+        if record.embedding_dim is not None:  # a voice saved as an x-vector: no clip, so no ICL
+            try:
+                embedding = check_speaker_embedding(state.engine.config, loaded_voice, ref_audio=False,
+                                                    ref_text=bool((ref_text or "").strip()))
+            except RequestError as e:
+                raise ApiError(400, f"voice '{record.name}' is a speaker embedding: {e}", "voice") from None
+        else:
+            ref_audio = loaded_voice
+            voice_version = record.voice_version
+            if ref_text is None:
+                ref_text = record.ref_text
+            x_vector_only = x_vector_only or not ref_text
     synthesis = SynthesisRequest(
         text=text, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
-        non_streaming_mode=speech.non_streaming_mode,
+        speaker_embedding=embedding, non_streaming_mode=speech.non_streaming_mode,
         sampling=SamplingParams.of(speech))
     return synthesis, voice_version
 

@@ -13,7 +13,8 @@ from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES,
 logger = logging.getLogger(__name__)
 
 _VOICE_FORM = ("the body must be multipart/form-data with the fields name and audio_sample (the clip; 'file' is "
-               "accepted too) and optionally consent, ref_text and type")
+               "accepted too) or speaker_embedding (a JSON list of numbers), and optionally consent, ref_text, "
+               "speaker_description and type")
 _MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; VoiceUpload checks the real limits
 
 

@@ -1,4 +1,5 @@
-"""GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}: the uploaded voices (entrypoints/voices.py)."""
+"""GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name} and GET /v1/audio/voices/{name}/embedding: the
+uploaded voices (entrypoints/voices.py), clips or speaker embeddings."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -6,6 +7,7 @@ from aiohttp import web
 from omni_tts.entrypoints.protocol import ApiError
 from omni_tts.entrypoints.voice_backend import UPLOADS_DISABLED
 from omni_tts.entrypoints.voices import VoiceError, VoiceStoreBackend
+from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
 from .state import STATE, ServerState
 from .voice_form import read_voice_form
@@ -17,11 +19,18 @@ def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
     return state.voices
 
 
+def _embedding_dim(state: ServerState) -> int | None:
+    """The length of the x-vectors the served checkpoint's speaker encoder gives (Base only)."""
+    encoder = state.engine.config.speaker_encoder
+    return encoder.enc_dim if encoder is not None else None
+
+
 async def list_voices(request: web.Request) -> web.Response:
     """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
     (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
     state = request.app[STATE]
-    uploaded = [v.to_json() for v in await state.run_voices(state.voices.list)] if state.voices else []
+    dim = _embedding_dim(state)
+    uploaded = [v.to_json(dim) for v in await state.run_voices(state.voices.list)] if state.voices else []
     body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
             "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
     if state.voice_names.openai:
@@ -36,10 +45,19 @@ async def upload_voice(request: web.Request) -> web.Response:
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
     form = await read_voice_form(request, store.max_bytes)
     try:
-        record = await state.run_voices(store.add, form.name, form.audio_sample, form.ref_text or None, form.consent)
+        if form.speaker_embedding is not None:
+            vector = check_speaker_embedding(state.engine.config, form.speaker_embedding, ref_audio=False,
+                                             ref_text=bool((form.ref_text or "").strip()))
+            record = await state.run_voices(store.add_embedding, form.name, vector, form.consent,
+                                            form.speaker_description)
+        else:
+            record = await state.run_voices(store.add, form.name, form.audio_sample, form.ref_text or None,
+                                            form.consent, form.speaker_description)
+    except RequestError as e:
+        raise ApiError(400, str(e), e.param) from None
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
-    voice = record.to_json()
+    voice = record.to_json(_embedding_dim(state))
     return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
@@ -58,8 +76,36 @@ async def delete_voice(request: web.Request) -> web.Response:
                               "name": record.name, "message": f"voice '{record.name}' deleted"})
 
 
+async def voice_embedding(request: web.Request) -> web.Response:
+    """A voice's x-vector, to store, mix and send back as a speech request's `speaker_embedding`: an embedding
+    voice's own, or for a clip voice the one the talker computes from the clip (the very vector of its
+    x-vector-only requests), once per version of the voice."""
+    state = request.app[STATE]
+    store = _voices_or_404(state)
+    name = request.match_info["name"]
+    if _embedding_dim(state) is None:
+        raise ApiError(400, "speaker embeddings need a Base (voice clone) model", "name")
+    try:
+        loaded = await state.run_voices(store.load, name)
+    except VoiceError as e:
+        raise ApiError(e.status, str(e), e.param) from None
+    if loaded is None:
+        raise ApiError(404, f"voice '{name}' not found", "name")
+    record, voice = loaded
+    if record.embedding_dim is None:
+        vector = state.voice_embeddings.get(record.voice_version)
+        if vector is None:  # engine errors (a stage down: 503) reach error_middleware
+            vector = await state.engine.embed_voice(voice, record.voice_version)
+            state.voice_embeddings.put(record.voice_version, vector)
+        voice = vector
+    return web.json_response({"object": "audio.voice.embedding", "name": record.name,
+                              "created_at": record.created_at, "embedding_source": record.embedding_source,
+                              "embedding_dim": int(voice.shape[0]), "speaker_embedding": voice.tolist()})
+
+
 VOICE_ROUTES = [
     web.get("/v1/audio/voices", list_voices),
     web.post("/v1/audio/voices", upload_voice),
     web.delete("/v1/audio/voices/{name}", delete_voice),
+    web.get("/v1/audio/voices/{name}/embedding", voice_embedding),
 ]

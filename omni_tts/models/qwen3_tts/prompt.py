@@ -7,6 +7,7 @@ on the talker's device.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -24,6 +25,10 @@ logger = logging.getLogger(__name__)
 # user-facing task type → checkpoint `tts_model_type`
 TASK_TYPES = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "base"}
 AudioInput = str | bytes | tuple[np.ndarray, int] | np.ndarray   # an array: float32 mono samples at 24 kHz
+# the largest |value| a sent speaker embedding may hold: room to spare for mixed and scaled x-vectors, while a
+# vector that is no x-vector (raw int16 samples, say) is refused rather than summed, as a prompt row, with the text
+# rows of a half-precision talker
+MAX_EMBEDDING_ABS = 1e3
 
 
 class RequestError(ValueError):
@@ -47,6 +52,7 @@ class SynthesisRequest:
     ref_audio: AudioInput | None = None   # Base: path, file bytes, (samples, sample_rate) or 24 kHz samples
     ref_text: str | None = None           # Base ICL transcript of ref_audio
     x_vector_only: bool = False
+    speaker_embedding: Sequence[float] | np.ndarray | None = None   # Base: the x-vector itself, instead of ref_audio
     non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -87,6 +93,34 @@ class TalkerPrompt(msgspec.Struct, omit_defaults=True):
         if self.is_icl:
             return max(0, 1 + self.ref_codes.shape[0] - len(self.ref_text_ids))
         return 1
+
+
+def check_speaker_embedding(config: Qwen3TTSConfig, values: Sequence[float] | np.ndarray, *, ref_audio: bool,
+                            ref_text: bool) -> np.ndarray:
+    """A sent x-vector as float32 [enc_dim], or RequestError('speaker_embedding'): Base checkpoints only, exactly
+    the speaker encoder's output size, finite, |v| <= MAX_EMBEDDING_ABS; it is the voice (x-vector-only mode: ICL
+    needs the reference clip's codes), so neither ref_audio nor ref_text may come with it."""
+    def refuse(message: str) -> RequestError:
+        return RequestError("speaker_embedding", message)
+
+    encoder = config.speaker_encoder
+    if config.tts_model_type != "base" or encoder is None:
+        raise refuse(f"speaker_embedding is only supported by Base (voice clone) models; this one is "
+                     f"{config.tts_model_type}")
+    vector = np.asarray(values, dtype=np.float64)
+    if vector.ndim != 1 or vector.shape[0] != encoder.enc_dim:
+        raise refuse(f"speaker_embedding must be a list of {encoder.enc_dim} numbers (this checkpoint's speaker "
+                     f"encoder size), got {vector.shape[0] if vector.ndim == 1 else 'a nested list'}")
+    if not np.isfinite(vector).all():
+        raise refuse("speaker_embedding must hold finite numbers (no NaN or infinity)")
+    if vector.size and np.abs(vector).max() > MAX_EMBEDDING_ABS:
+        raise refuse(f"speaker_embedding values must lie within ±{MAX_EMBEDDING_ABS:g}")
+    if ref_audio:
+        raise refuse("speaker_embedding is the voice: give it or ref_audio (or an uploaded voice), not both")
+    if ref_text:
+        raise refuse("speaker_embedding means x-vector-only cloning, which takes no ref_text (ICL needs "
+                     "ref_audio)")
+    return vector.astype(np.float32)
 
 
 class PromptBuilder:
@@ -158,9 +192,13 @@ class PromptBuilder:
             language_id = talker.codec_language_id[dialect]
 
         ref_text_ids = None
-        if model_type == "base":
+        if request.speaker_embedding is not None:
+            check_speaker_embedding(cfg, request.speaker_embedding, ref_audio=request.ref_audio is not None,
+                                    ref_text=bool((request.ref_text or "").strip()))
+        elif model_type == "base":
             if request.ref_audio is None:
-                raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints")
+                raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints, or a "
+                                                "speaker_embedding")
             if not request.x_vector_only:
                 if not (request.ref_text or "").strip():
                     raise RequestError("ref_text", "ref_text is required for voice cloning unless x_vector_only "
