@@ -136,3 +136,23 @@ def unclosed_codec_containers() -> list:
     objects = gc.get_objects()
     closed = {id(o._container) for o in objects if type(o) is AvStreamEncoder and o._finished}
     return [o for o in objects if type(o) is av.container.OutputContainer and id(o) not in closed]
+
+
+async def ws_utterance(url: str, messages: list[dict]) -> tuple[bytes, list[dict]]:
+    """Send `messages` on WS /v1/audio/speech/stream of the server at `url`; the binary audio and the JSON events
+    received until session.done or error."""
+    import aiohttp
+
+    audio, events = b"", []
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url.replace("http", "ws", 1) + "/v1/audio/speech/stream") as ws:
+            for message in messages:
+                await ws.send_json(message)
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    audio += message.data
+                    continue
+                events.append(json.loads(message.data))
+                if events[-1]["type"] in ("session.done", "error"):
+                    break
+    return audio, events

@@ -16,6 +16,7 @@ from audio_util import G711, decode, g711_bound, g711_decode
 from conftest import FIXTURES
 from omni_tts.audio.encoding import content_type, sample_rates
 from omni_tts.audio.pcm import FORMATS, to_int16
+import server_util
 from server_util import ServerProcess, request
 
 MODEL = "qwen3-tts"
@@ -145,23 +146,11 @@ def test_a_stream_arrives_in_chunks_of_the_whole_files_bytes(server):
 
 def ws_utterance(server: ServerProcess, **config) -> tuple[list[dict], bytes]:
     """One WebSocket utterance (the text whole, one request): its JSON events and binary audio."""
-    async def main():
-        events, audio = [], b""
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(server.url + "/v1/audio/speech/stream") as ws:
-                await ws.send_json(dict({k: v for k, v in SPEECH.items() if k != "input"}, type="session.config",
-                                        split_granularity="none", **config))
-                await ws.send_json({"type": "input.text", "text": SPEECH["input"]})
-                await ws.send_json({"type": "input.done"})
-                async for message in ws:
-                    if message.type == aiohttp.WSMsgType.BINARY:
-                        audio += message.data
-                        continue
-                    events.append(json.loads(message.data))
-                    if events[-1]["type"] in ("session.done", "error"):
-                        break
-        return events, audio
-    return asyncio.run(main())
+    audio, events = asyncio.run(server_util.ws_utterance(server.url, [
+        dict({k: v for k, v in SPEECH.items() if k != "input"}, type="session.config", split_granularity="none",
+             **config),
+        {"type": "input.text", "text": SPEECH["input"]}, {"type": "input.done"}]))
+    return events, audio
 
 
 @pytest.mark.parametrize("stream_audio", [True, False])

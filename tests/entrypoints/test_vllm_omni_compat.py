@@ -2,6 +2,7 @@
 `speaker` for `voice`, a default CustomVoice speaker, Base with `voice` + `ref_audio`, unknown fields ignored (and
 named) or refused with --strict-fields, `stream: true` as SSE, vllm-omni's usage headers and SSE details, and the
 WebSocket's session.config read the same way."""
+import asyncio
 import base64
 import json
 
@@ -9,17 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from server_util import ServerProcess, request
-from test_server import GREEDY, MODEL, REF_TEXT, REF_WAV, assert_pcm_close, offline_pcm, parse_sse, upload_voice
+from server_util import ServerProcess, request, ws_utterance
+from test_server import (GREEDY, MODEL, REF_TEXT, REF_WAV, assert_pcm_close, cv_server, offline_pcm,  # noqa: F401
+                         parse_sse, upload_voice)
 
 TEXT = "Hello there, vllm-omni client."
-
-
-@pytest.fixture(scope="module")
-def cv_server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -127,27 +122,10 @@ def test_base_voice_beside_ref_audio_uses_the_reference_and_says_so(base_server)
 
 
 def test_websocket_session_config_takes_speaker_and_unknown_fields(cv_server):
-    import asyncio
-
-    import aiohttp
-
-    async def main():
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
-                await ws.send_json({"type": "session.config", "speaker": "ryan", "response_format": "pcm",
-                                    "split_granularity": "none", "unknown_knob": 3, **GREEDY})
-                await ws.send_json({"type": "input.text", "text": TEXT})
-                await ws.send_json({"type": "input.done"})
-                audio, events = b"", []
-                async for message in ws:
-                    if message.type == aiohttp.WSMsgType.BINARY:
-                        audio += message.data
-                        continue
-                    events.append(json.loads(message.data))
-                    if events[-1]["type"] in ("session.done", "error"):
-                        break
-                return audio, events
-    audio, events = asyncio.run(main())
+    audio, events = asyncio.run(ws_utterance(cv_server.url, [
+        {"type": "session.config", "speaker": "ryan", "response_format": "pcm", "split_granularity": "none",
+         "unknown_knob": 3, **GREEDY},
+        {"type": "input.text", "text": TEXT}, {"type": "input.done"}]))
     assert [e["type"] for e in events] == ["audio.start", "audio.done", "session.done"], events
     assert events[1]["error"] is False
     assert_pcm_close(audio, offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan"))
@@ -168,35 +146,15 @@ def test_websocket_sentence_commit_adds_text_at_each_commit(cv_server):
     """vllm-omni's streaming_mode sentence_commit: input.text is held until input.commit, which adds it to the
     utterance's one request and is answered input.committed; input.done adds the rest. The audio is the whole text's
     (token mode: the streaming layout), however the commits cut it."""
-    import asyncio
-
-    import aiohttp
-
     pieces = ["Hello there, ", "vllm-omni ", "client. And ", "the rest."]
-
-    async def main():
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
-                await ws.send_json({"type": "session.config", "voice": "ryan", "response_format": "pcm",
-                                    "streaming_mode": "sentence_commit", "stream_audio": True,
-                                    "non_streaming_mode": False, **GREEDY})
-                await ws.send_json({"type": "input.text", "text": pieces[0]})
-                await ws.send_json({"type": "input.text", "text": pieces[1]})
-                await ws.send_json({"type": "input.commit"})
-                await ws.send_json({"type": "input.text", "text": pieces[2]})
-                await ws.send_json({"type": "input.commit"})
-                await ws.send_json({"type": "input.text", "text": pieces[3]})  # never committed: input.done adds it
-                await ws.send_json({"type": "input.done"})
-                audio, events = b"", []
-                async for message in ws:
-                    if message.type == aiohttp.WSMsgType.BINARY:
-                        audio += message.data
-                        continue
-                    events.append(json.loads(message.data))
-                    if events[-1]["type"] in ("session.done", "error"):
-                        break
-                return audio, events
-    audio, events = asyncio.run(main())
+    audio, events = asyncio.run(ws_utterance(cv_server.url, [
+        {"type": "session.config", "voice": "ryan", "response_format": "pcm", "streaming_mode": "sentence_commit",
+         "stream_audio": True, "non_streaming_mode": False, **GREEDY},
+        {"type": "input.text", "text": pieces[0]}, {"type": "input.text", "text": pieces[1]},
+        {"type": "input.commit"},
+        {"type": "input.text", "text": pieces[2]}, {"type": "input.commit"},
+        {"type": "input.text", "text": pieces[3]},  # never committed: input.done adds it
+        {"type": "input.done"}]))
     commits = [e for e in events if e["type"] == "input.committed"]
     assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": 0, "text": "".join(pieces[:2])},
                        {"type": "input.committed", "utterance_index": 0, "commit_index": 1, "text": pieces[2]}]
@@ -207,15 +165,6 @@ def test_websocket_sentence_commit_adds_text_at_each_commit(cv_server):
 
 
 def test_websocket_streaming_mode_needs_token_granularity(cv_server):
-    import asyncio
-
-    import aiohttp
-
-    async def main():
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(cv_server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
-                await ws.send_json({"type": "session.config", "voice": "ryan", "streaming_mode": "token_level",
-                                    "split_granularity": "sentence"})
-                return json.loads((await ws.receive()).data)
-    event = asyncio.run(main())
-    assert event["type"] == "error" and "split_granularity must be token" in event["message"]
+    _, events = asyncio.run(ws_utterance(cv_server.url, [
+        {"type": "session.config", "voice": "ryan", "streaming_mode": "token_level", "split_granularity": "sentence"}]))
+    assert events[-1]["type"] == "error" and "split_granularity must be token" in events[-1]["message"]

@@ -2,6 +2,8 @@
 uploaded voices (entrypoints/voices.py), clips or speaker embeddings."""
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 from aiohttp import web
 
 from omni_tts.entrypoints.protocol import ApiError
@@ -11,6 +13,8 @@ from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embeddi
 
 from .state import STATE, ServerState
 from .voice_form import read_voice_form
+
+T = TypeVar("T")
 
 
 def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
@@ -61,15 +65,20 @@ async def upload_voice(request: web.Request) -> web.Response:
     return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
+async def _store_call(state: ServerState, method: Callable[..., T], *args: object) -> T:
+    """A voice store call in the store's executor; its VoiceError as the API error it says."""
+    try:
+        return await state.run_voices(method, *args)
+    except VoiceError as e:
+        raise ApiError(e.status, str(e), e.param) from None
+
+
 async def delete_voice(request: web.Request) -> web.Response:
     """The `openai` SDK's `VoiceDeleted` (id, object, deleted) and vllm-omni's answer (success, message)."""
     state = request.app[STATE]
     store = _voices_or_404(state)
     name = request.match_info["name"]
-    try:
-        record = await state.run_voices(store.delete, name)
-    except VoiceError as e:
-        raise ApiError(e.status, str(e), e.param) from None
+    record = await _store_call(state, store.delete, name)
     if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,
@@ -85,10 +94,7 @@ async def voice_embedding(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if _embedding_dim(state) is None:
         raise ApiError(400, "speaker embeddings need a Base (voice clone) model", "name")
-    try:
-        loaded = await state.run_voices(store.load, name)
-    except VoiceError as e:
-        raise ApiError(e.status, str(e), e.param) from None
+    loaded = await _store_call(state, store.load, name)
     if loaded is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     record, voice = loaded
