@@ -5,7 +5,6 @@ bad combinations are one-line 400s naming the field; the listing shows embedding
 import asyncio
 import json
 
-import aiohttp
 import numpy as np
 import pytest
 
@@ -18,7 +17,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.models.qwen3_tts.speaker_encoder import extract_speaker_embedding
-from server_util import ServerProcess, request
+from server_util import ServerProcess, request, ws_utterance
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -123,32 +122,17 @@ def test_a_voice_uploaded_as_an_embedding_speaks_the_same(base_server):
 
 async def ws_pcm(server: ServerProcess, **config) -> bytes:
     """One utterance of TEXT over WS /v1/audio/speech/stream (token mode): its PCM."""
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(server.url + "/v1/audio/speech/stream") as ws:
-            await ws.send_json(dict(GREEDY, type="session.config", response_format="pcm", language="english",
-                                    stream_audio=True, **config))
-            await ws.send_json({"type": "input.text", "text": TEXT})
-            await ws.send_json({"type": "input.done"})
-            audio = b""
-            async for message in ws:
-                if message.type == aiohttp.WSMsgType.BINARY:
-                    audio += message.data
-                    continue
-                event = json.loads(message.data)
-                assert event["type"] != "error", event
-                if event["type"] == "session.done":
-                    return audio
-    raise AssertionError("the session closed before session.done")
+    audio, events = await ws_utterance(server.url, [
+        dict(GREEDY, type="session.config", response_format="pcm", language="english", stream_audio=True, **config),
+        {"type": "input.text", "text": TEXT}, {"type": "input.done"}])
+    assert events[-1]["type"] == "session.done", events
+    return audio
 
 
 async def ws_error(server: ServerProcess, **config) -> str:
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(server.url + "/v1/audio/speech/stream") as ws:
-            await ws.send_json(dict(type="session.config", response_format="pcm", **config))
-            async for message in ws:
-                if message.type == aiohttp.WSMsgType.TEXT and json.loads(message.data)["type"] == "error":
-                    return json.loads(message.data)["message"]
-    raise AssertionError("no error event")
+    _, events = await ws_utterance(server.url, [dict(type="session.config", response_format="pcm", **config)])
+    assert events[-1]["type"] == "error", events
+    return events[-1]["message"]
 
 
 def test_websocket_session_config_takes_an_embedding(base_server):
