@@ -74,9 +74,11 @@ class TalkerRunner:
         self.row_ids = torch.arange(rows, device=dev)
         self.tokens = torch.zeros(rows, tc.num_code_groups + 1, dtype=torch.long, device=dev)  # frame + next c0
         # the step's tokens reach the host through pinned memory, waited for by an event on this stream alone (a
-        # copy to pageable memory is synchronous, and a device-wide sync would wait for the decoder's stream too)
-        self.host_tokens = torch.zeros_like(self.tokens, device="cpu", pin_memory=dev.type == "cuda")
-        self.tokens_copied = torch.cuda.Event() if dev.type == "cuda" else None
+        # copy to pageable memory is synchronous, and a device-wide sync would wait for the decoder's stream too);
+        # on the CPU they are on the host already
+        on_cuda = dev.type == "cuda"
+        self.host_tokens = torch.zeros_like(self.tokens, device="cpu", pin_memory=True) if on_cuda else self.tokens
+        self.tokens_copied = torch.cuda.Event() if on_cuda else None
         self.sampler = BatchSampler(rows, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, dev)
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
@@ -131,11 +133,11 @@ class TalkerRunner:
             self._decode_rows(num_rows, num_slots, None)
         # the step's one D2H copy and its one wait
         host = self.host_tokens[:num_rows]
-        host.copy_(self.tokens[:num_rows], non_blocking=True)
         if self.tokens_copied is not None:
+            host.copy_(self.tokens[:num_rows], non_blocking=True)
             self.tokens_copied.record()
             self.tokens_copied.synchronize()
-        return host.numpy().copy()
+        return host.numpy().copy()  # the buffers are the next step's
 
     def _decode_rows(self, b: int, num_slots: int, paths: SamplingPaths | None) -> None:
         """The step body, shape-static in (b, num_slots): code predictor for codebooks 1..15 of every row, the
