@@ -14,6 +14,8 @@ from omni_tts.entrypoints.serve import print_error, serve_on, serve_with
 from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
 
+FORCED_ALIGNER = "forced_aligner"
+
 if TYPE_CHECKING:  # imported where it is used: `serve` binds its port before it (and torch) is loaded
     from omni_tts.audio.url_fetch import UrlPolicy
 
@@ -86,7 +88,9 @@ def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)",
                        formatter_class=_HelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--variant", required=True, choices=MODEL_TYPES, help="the checkpoint's tts_model_type")
+    p.add_argument("--variant", required=True, choices=MODEL_TYPES + (FORCED_ALIGNER,),
+                   help=f"the checkpoint's tts_model_type, or {FORCED_ALIGNER} (a Qwen3-ForcedAligner: presets tiny, "
+                        "0.6b)")
     p.add_argument("--preset", default="tiny", choices=RANDOM_MODEL_PRESETS, help="model size")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -271,9 +275,14 @@ def _synthesize(args: argparse.Namespace) -> int:
 def _make_tiny_model(args: argparse.Namespace) -> int:
     import torch
 
-    from omni_tts.models.qwen3_tts.random_model import make_random_model
+    if args.variant == FORCED_ALIGNER:
+        from omni_tts.models.qwen3_forced_aligner.random_model import make_random_aligner
 
-    make_random_model(args.out_dir, args.variant, args.preset, args.seed, getattr(torch, args.dtype))
+        make_random_aligner(args.out_dir, args.preset, args.seed, getattr(torch, args.dtype))
+    else:
+        from omni_tts.models.qwen3_tts.random_model import make_random_model
+
+        make_random_model(args.out_dir, args.variant, args.preset, args.seed, getattr(torch, args.dtype))
     print(f"wrote {args.preset} {args.variant} checkpoint to {args.out_dir}", file=sys.stderr)
     return 0
 

@@ -61,8 +61,10 @@ def load_text_tokenizer(model_dir: str) -> Tokenizer:
     return tok
 
 
-def write_text_tokenizer_files(out_dir: str) -> None:
-    """Write the real 151,643-rank Qwen2 vocab/merges (shipped with the package) and a tokenizer_config.json."""
+def write_text_tokenizer_files(out_dir: str, special_tokens: dict[str, int] | None = None,
+                               extra_config: dict | None = None) -> None:
+    """Write the real 151,643-rank Qwen2 vocab/merges (shipped with the package) and a tokenizer_config.json whose
+    added tokens are `special_tokens` (default: the TTS checkpoints' three), ids from 151643 without a gap."""
     os.makedirs(out_dir, exist_ok=True)
     assets = resources.files(__package__) / "assets"
     for name, asset in _ASSETS.items():
@@ -71,12 +73,12 @@ def write_text_tokenizer_files(out_dir: str) -> None:
     config = {
         "add_bos_token": False, "add_prefix_space": False,
         "added_tokens_decoder": {str(i): {"content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                                          "normalized": False, "special": True} for c, i in SPECIAL_TOKENS.items()},
+                                          "normalized": False, "special": True} for c, i in (special_tokens or SPECIAL_TOKENS).items()},
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
         "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
         "model_max_length": 131072, "pad_token": "<|endoftext|>", "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
-    }
+    } | (extra_config or {})
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, ensure_ascii=False, indent=2)
         f.write("\n")
