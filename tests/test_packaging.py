@@ -54,6 +54,10 @@ def test_wheel_installed_outside_the_repository_serves(tmp_path):
                                cwd=elsewhere, env=environment(env),
                                capture_output=True, text=True, check=True).stdout.strip()
     assert Path(installed).is_relative_to(venv / "lib"), installed
+    korean = "from omni_tts.models.qwen3_forced_aligner import words; print(words.split_words('서울입니다', 'Korean'))"
+    words = subprocess.run([str(venv / "bin" / "python"), "-c", korean], cwd=elsewhere, env=environment(env),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert words == "['서울', '입니다']"  # the aligner's Korean dictionary, from the package data
     server = ServerProcess(env=env, command=[str(venv / "bin" / "omni-tts")], cwd=str(elsewhere))
     try:
         status, headers, body = request(server.url + "/v1/audio/speech", {
