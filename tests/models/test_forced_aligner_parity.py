@@ -77,3 +77,12 @@ def test_make_tiny_model_writes_the_fixture_checkpoint(tmp_path, capsys):
         assert (out / name).read_bytes() == (CHECKPOINT / name).read_bytes(), name
     assert main(["make-tiny-model", str(tmp_path / "big"), "--variant", "forced_aligner", "--preset", "small"]) == 2
     assert "preset must be one of tiny, 0.6b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_word_times_equal_the_reference(aligner, case):
+    """The whole pipeline: words (`words.split_words`), prompt, classes, fix-up; times in seconds as the reference."""
+    if case["language"] == "Japanese":
+        pytest.importorskip("nagisa")
+    [words] = aligner.align([AlignItem(case_audio(case), case["sample_rate"], case["text"], case["language"])])
+    assert [[w.word, round(w.start_ms / 1000, 3), round(w.end_ms / 1000, 3)] for w in words] == case["words"]
