@@ -140,10 +140,22 @@ class ConnectorConfig(_Config):
             raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
 
 
+class AlignerStageConfig(_Config):
+    """The forced-aligner stage (word timestamps), when the server has an aligner (`--forced-aligner`): its own
+    process, off the audio path, restarted on its own."""
+    device: Device = "cpu"
+    dtype: DType = "float32"
+    max_batch_size: PositiveInt = 16  # segments aligned together in one forward
+    threads: PositiveInt = 1  # torch CPU threads of the process (it runs below the TTS stages' priority)
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # a segment not aligned by then gets no timestamps
+
+
 class PipelineConfig(_Config):
-    """The whole serving layout: one config per stage, the connector between them, sampling defaults."""
+    """The whole serving layout: one config per stage, the connector between them, sampling defaults, and the
+    forced aligner's stage."""
     stages: StagesConfig
     connector: ConnectorConfig = msgspec.field(default_factory=ConnectorConfig)
+    aligner: AlignerStageConfig = msgspec.field(default_factory=AlignerStageConfig)
     # server-wide sampling defaults (requests override them), with the bounds a request's fields have
     sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
 

@@ -101,6 +101,10 @@ def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server", formatter_class=_HelpFormatter)
     _add_server_arguments(p)
+    p.add_argument("--forced-aligner", metavar="DIR_OR_REPO_ID",
+                   help="a Qwen3-ForcedAligner checkpoint (e.g. Qwen/Qwen3-ForcedAligner-0.6B) for word_timestamps, "
+                        "run as a stage of its own (the stage config's `aligner`); 'none' for no aligner. Default: "
+                        "the embedded tiny aligner with the embedded model, none with --model")
 
 
 def _add_serve_ray(sub: argparse._SubParsersAction) -> None:

@@ -26,6 +26,7 @@ from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 MAX_TEXT_CHARS = 4096
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
 ResponseFormat = Literal[FORMATS]
+JSON_RESPONSE = "json"
 SampleRate = Literal[SAMPLE_RATES]  # which rates each format takes: audio/encoding.output_sample_rate
 REPLICA_HEADER = "x-omni-tts-replica"   # serve-ray: the replica that served a speech request
 
@@ -79,6 +80,7 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     speaker_embedding: Embedding | None = None   # the voice as an x-vector (Base; x-vector-only mode)
     non_streaming_mode: bool | None = None
     initial_codec_chunk_frames: InitialChunkFrames | None = None
+    word_timestamps: bool = False   # each word's start and end (the forced aligner: --forced-aligner)
 
     @property
     def voice_name(self) -> str | None:
@@ -86,9 +88,11 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
         return name.strip() if name and name.strip() else None
 
 
-class SpeechRequest(SpeechOptions):
-    """POST /v1/audio/speech."""
+class SpeechRequest(SpeechOptions, kw_only=True):
+    """POST /v1/audio/speech. response_format `json`: one JSON body with the audio (WAV, base64) and, with
+    word_timestamps, its words' times."""
     input: Text
+    response_format: Literal[(*FORMATS, JSON_RESPONSE)] = "mp3"
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool = False          # vllm-omni's switch: alone it means SSE; stream_format "audio" streams raw audio
 

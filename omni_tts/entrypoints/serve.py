@@ -61,6 +61,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
         config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
+        config.forced_aligner_dir, config.aligner_stage = forced_aligner_dir(args), pipeline.aligner
         engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                           max_restarts=args.max_restarts)
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
@@ -88,6 +89,23 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig,
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
     names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
     return model_dir, stage_config, load_stage_config(stage_config), names
+
+
+def forced_aligner_dir(args: argparse.Namespace) -> str | None:
+    """--forced-aligner's checkpoint (downloaded if need be); by default the embedded tiny aligner beside the embedded
+    tiny model, and none beside a real one (a random aligner's times would mean nothing there)."""
+    from omni_tts.models.qwen3_forced_aligner.config import AlignerConfig
+    from omni_tts.models.qwen3_forced_aligner.random_model import default_aligner_dir
+    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+
+    choice = args.forced_aligner
+    if choice is None:
+        return None if args.model else default_aligner_dir()
+    if choice.lower() == "none":
+        return None
+    model_dir = resolve_model_dir(choice)
+    AlignerConfig.load(model_dir)  # a checkpoint that is no aligner stops the server here, in one line
+    return model_dir
 
 
 def prepare_server_process() -> None:

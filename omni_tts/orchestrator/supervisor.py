@@ -255,7 +255,7 @@ class StageSupervisor:
         for stage in self.stages.values():
             if (not graceful or stage.name in loading) and stage.process.is_alive():
                 stage.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
-            await loop.run_in_executor(None, _stop_process, stage.process)
+            await loop.run_in_executor(None, stop_process, stage.process)
             stage.command.close(linger=0)
         for task in self._tasks:
             task.remove_done_callback(self._on_task_done)
@@ -390,7 +390,7 @@ def exit_description(process: multiprocessing.Process) -> str:
     return f"exited with status {code}"
 
 
-def _stop_process(process: multiprocessing.Process) -> None:
+def stop_process(process: multiprocessing.Process) -> None:
     process.join(5)
     if process.is_alive():
         process.terminate()

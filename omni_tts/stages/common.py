@@ -131,7 +131,7 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     launches = [msgspec.msgpack.decode(b, type=StageLaunch) for b in launches_bytes]
-    _name_process("omni-tts-" + (launches[0].stage if len(launches) == 1 else "fused"))
+    name_process("omni-tts-" + (launches[0].stage if len(launches) == 1 else "fused"))
     configure_logging(launches[0].log_level)  # a spawned process inherits no logging config
     cpu_stages = [launch.stage for launch in launches if launch.device == "cpu"]
     if cpu_stages:
@@ -170,7 +170,7 @@ def _report_failure(launch: StageLaunch, failed: StageFailed) -> None:
     ctx.term()
 
 
-def _name_process(name: str) -> None:
+def name_process(name: str) -> None:
     """What ps/top show for this process (Linux; 15 characters), so an operator can tell the stages apart."""
     try:
         with open("/proc/self/comm", "w") as f:

@@ -62,6 +62,19 @@ class Shutdown(msgspec.Struct, tag=True):
 StageCommand = AddRequest | AppendText | EmbedVoice | Register | Abort | GetStats | Shutdown
 
 
+class AlignSegment(msgspec.Struct, tag=True):
+    """The aligner stage: word times of one finished piece of a request's audio (a sentence, a segment, or all)."""
+    request_id: str
+    segment: int
+    text: str
+    language: str | None
+    pcm: bytes                       # float32 mono samples at `sample_rate`
+    sample_rate: int
+
+
+AlignerCommand = AlignSegment | Abort | Shutdown
+
+
 # --- stages → orchestrator -------------------------------------------------------------------------------------
 class Ready(msgspec.Struct, tag=True):
     stage: str
@@ -146,7 +159,17 @@ class Heartbeat(msgspec.Struct, tag=True):
     busy_seconds: float
 
 
+class SegmentAligned(msgspec.Struct, tag=True):
+    """The aligner stage's answer to an AlignSegment: (word, start_ms, end_ms) within the segment, in text order,
+    or why there are none."""
+    request_id: str
+    segment: int
+    words: list[tuple[str, int, int]] = []
+    error: str | None = None
+
+
 StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | StageFailed | Heartbeat
+AlignerEvent = Ready | SegmentAligned | StageFailed
 
 
 class StageLaunch(msgspec.Struct):
@@ -169,3 +192,16 @@ class StageLaunch(msgspec.Struct):
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     frame_budget: int | None = None  # code2wav: frames per decoder call (each lane's); None = measured at start
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
+
+
+class AlignerLaunch(msgspec.Struct):
+    """What the aligner stage process needs."""
+    stage: str                       # "aligner"
+    model_dir: str
+    device: str
+    dtype: str
+    threads: int
+    max_batch_size: int
+    command_address: str             # the stage binds a PULL here
+    event_address: str               # the orchestrator's PULL; the stage connects a PUSH
+    log_level: int = 20

@@ -175,7 +175,7 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
     (MINIMAL + "connector: {chunk_frames: 4}\n",
      "connector.chunk_frames: unknown key; allowed keys: initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
      "ring_slot_frames, kind, tcp_host, tcp_port"),
-    (MINIMAL + "num_layers: 28\n", "num_layers: unknown key; allowed keys: stages, connector, sampling"),
+    (MINIMAL + "num_layers: 28\n", "num_layers: unknown key; allowed keys: stages, connector, aligner, sampling"),
     ("stages:\n  talker: {dtype: float32}\n  code2wav: {device: cpu}\n", "stages.talker.device: missing required key"),
     ("stages:\n  talker: {device: cpu}\n", "stages.code2wav: missing required key"),
     ("connector: {}\n", "stages: missing required key"),
@@ -194,7 +194,7 @@ def test_unknown_and_missing_keys(text, message):
      "invalid YAML at line 4, column 3: expected <block end>, but found '<block mapping start>'"),
     ("stages:\n  talker: {device: cpu, device: cuda}\n", "invalid YAML at line 2, column 25: duplicate key 'device'"),
     ("", "empty config: expected a mapping with a 'stages' key"),
-    ("- stages\n", "the top level must be a mapping with keys stages, connector, sampling, got a list"),
+    ("- stages\n", "the top level must be a mapping with keys stages, connector, aligner, sampling, got a list"),
 ])
 def test_yaml_errors_name_the_file(text, message):
     with pytest.raises(StageConfigError) as info:

@@ -558,3 +558,10 @@ def test_one_mapping_from_engine_errors_to_statuses():
     assert api_error(RequestError("voice", "x")).param == "voice"
     own = ApiError(429, "busy")
     assert api_error(own) is own
+
+
+def test_word_timestamps_without_an_aligner_is_a_400(cv_server):
+    """A server started with --model and no --forced-aligner has none: the request is refused, not answered without."""
+    status, _, body = request(cv_server.url + "/v1/audio/speech", {"input": "Hi.", "word_timestamps": True})
+    assert status == 400 and json.loads(body)["error"]["param"] == "word_timestamps"
+    assert "aligner" not in json.loads(request(cv_server.url + "/health")[2])

@@ -25,14 +25,17 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while the pipeline serves; 503 naming the failed stage while it restarts (or after it gave up)."""
-    engine = request.app[STATE].engine
+    """200 while the pipeline serves; 503 naming the failed stage while it restarts (or after it gave up). The forced
+    aligner is reported beside it (`aligner`), never as the server's health: without it only timestamps are missing."""
+    state = request.app[STATE]
+    engine = state.engine
+    aligner = {"aligner": state.aligner.status()} if state.aligner is not None else {}
     if engine.is_healthy:
-        return web.json_response({"status": "healthy"})
+        return web.json_response({"status": "healthy"} | aligner)
     body = {"status": "unhealthy", "message": unavailable_message(engine)}
     if engine.down is not None:
         body["stage"] = engine.down
-    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+    return web.json_response(body | aligner, status=503, headers={"Retry-After": "1"})
 
 
 async def version(request: web.Request) -> web.Response:

@@ -12,16 +12,17 @@ from typing import AsyncIterator
 import numpy as np
 from aiohttp import web
 
-from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio
+from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, output_sample_rate
 from omni_tts.audio.pcm import UNCOMPRESSED, StreamEncoder
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.orchestrator.types import SpeechChunk
 
-from .access_log import SPEECH_LOG
+from .access_log import SPEECH_LOG, request_id
 from .errors import REQUEST_ERRORS, api_error
 from .state import ServerState
+from .word_times import align_segment, header_fields
 
 logger = logging.getLogger(__name__)
 
@@ -92,28 +93,49 @@ async def encode_chunk(state: ServerState, encoder: StreamEncoder, audio: np.nda
         raise
 
 
+def delivered_audio(options: SpeechOptions, parts: list[np.ndarray]) -> np.ndarray:
+    """A request's whole audio as the listener gets it: at options.speed, at the model's rate."""
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
+
+
 async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[np.ndarray]) -> tuple[bytes, float]:
     """A request's whole audio as one file of options.response_format, at options.speed (in the pool), and its
     duration in seconds (after `speed`: what the file holds)."""
     def encode() -> tuple[bytes, float]:
-        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-        samples = change_speed(audio, options.speed, SAMPLE_RATE) if options.speed != 1.0 else audio
+        samples = delivered_audio(options, parts)
         return (encode_audio(samples, SAMPLE_RATE, options.response_format, options.sample_rate),
                 samples.shape[0] / SAMPLE_RATE)
     return await state.run(encode)
 
 
 async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: SpeechChunk,
-                        stream: AsyncIterator[SpeechChunk], arrived: float,
-                        headers: dict[str, str]) -> web.Response:
-    """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it)."""
+                        stream: AsyncIterator[SpeechChunk], arrived: float, headers: dict[str, str],
+                        json_body: bool = False) -> web.Response:
+    """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it).
+    json_body: one JSON object with the file in base64 (and the word times, asked or not)."""
     parts, last = await collect(first, stream)
     _record_usage(request, state, last, arrived)
-    data, seconds = await encode_whole(state, speech, parts)
-    return web.Response(body=data, content_type=content_type(speech.response_format),
-                        headers=headers | _usage_headers(usage_json(last)) | {
-                            "x-omni-tts-finish-reason": last.usage.finish_reason,
-                            "x-omni-tts-audio-seconds": f"{seconds:.3f}"})
+    samples = await state.run(delivered_audio, speech, parts)
+    data = await state.run(encode_audio, samples, SAMPLE_RATE, speech.response_format, speech.sample_rate)
+    words = (await align_segment(state, request_id(request), 0, samples, speech.input, speech.language)
+             if speech.word_timestamps else None)
+    headers = headers | _usage_headers(usage_json(last)) | {
+        "x-omni-tts-finish-reason": last.usage.finish_reason,
+        "x-omni-tts-audio-seconds": f"{samples.shape[0] / SAMPLE_RATE:.3f}"}
+    if json_body:
+        body = {"audio": (await state.run(base64.b64encode, data)).decode("ascii"),
+                "format": speech.response_format,
+                "sample_rate": output_sample_rate(speech.response_format, speech.sample_rate),
+                "usage": usage_json(last)}
+        if words is not None:
+            body |= {"words": words.seconds_json(), "characters": words.characters_json()}
+            if words.reason is not None:
+                body["timestamps_unavailable"] = words.reason
+        return web.json_response(body, headers=headers)
+    if words is not None:
+        headers |= header_fields(words)
+    return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers)
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
@@ -160,11 +182,14 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
     async def send(event: dict) -> None:
         await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
 
+    spoken: list[np.ndarray] = []   # with word_timestamps: the audio, aligned once it is whole
     try:
         pending = encoder.start()
         try:
             async for chunk in _rest(first, stream):
                 if chunk.audio.size:
+                    if speech.word_timestamps:
+                        spoken.append(chunk.audio)
                     data = pending + await encode_chunk(state, encoder, chunk.audio)
                     pending = b""
                     encoded = await state.run(base64.b64encode, data)
@@ -176,6 +201,11 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                         await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                     "response_format": speech.response_format})
                     _record_usage(request, state, chunk, arrived)
+                    if speech.word_timestamps:
+                        words = await align_segment(state, request_id(request), 0, delivered_audio(speech, spoken),
+                                                    speech.input, speech.language)
+                        await send({"type": "speech.audio.timestamps", "segment": 0, "words": words.seconds_json()}
+                                   | ({"reason": words.reason} if words.reason is not None else {}))
                     await send({"type": "speech.audio.done", "usage": usage_json(chunk)})
         except REQUEST_ERRORS as e:
             await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})

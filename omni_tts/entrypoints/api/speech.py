@@ -3,20 +3,23 @@ one of the responders (responders.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
+import msgspec
 from aiohttp import web
 
 from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER, VoiceChoice
-from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, REPLICA_HEADER, ApiError, SpeechRequest,
-                                           decode_speech_request, describe_fields)
+from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, JSON_RESPONSE, REPLICA_HEADER, ApiError,
+                                           SpeechRequest, decode_speech_request, describe_fields)
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
 from .synthesis import check_speech, open_speech
+from .word_times import check_word_timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +48,30 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
                                             state.config.strict_fields)
     if ignored:
         logger.warning("request %s: ignored unknown field(s): %s", request_id(request), describe_fields(ignored))
+    json_body = speech.response_format == JSON_RESPONSE or (
+        speech.word_timestamps and not speech.streaming and _accepts_json_first(request))
+    if speech.response_format == JSON_RESPONSE:
+        if speech.streaming:
+            raise ApiError(400, "response_format 'json' is a whole response: it cannot stream", "response_format")
+        speech = msgspec.structs.replace(speech, response_format="wav")   # the audio inside the JSON
     voice = check_speech(state, speech)
+    check_word_timestamps(state, speech, speech.streaming and speech.stream_format == "audio")
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     if ignored:
         headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await _speak(request, state, speech, voice, arrived, admission, headers)
+        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body)
+
+
+def _accepts_json_first(request: web.Request) -> bool:
+    """`Accept: application/json` (first): a whole response with word times comes as one JSON body."""
+    return request.headers.get("Accept", "").split(",")[0].split(";")[0].strip().lower() == "application/json"
 
 
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
-                 arrived: float, admission: Admission, headers: dict[str, str]) -> web.StreamResponse:
+                 arrived: float, admission: Admission, headers: dict[str, str],
+                 json_body: bool) -> web.StreamResponse:
     """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
@@ -65,7 +81,7 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
         log.ttfp = time.monotonic() - arrived
         state.metrics.ttfp.observe(log.ttfp)
         if not speech.streaming:
-            respond = respond_whole
+            respond = functools.partial(respond_whole, json_body=json_body)
         elif speech.stream_format == "audio":
             respond = respond_audio_stream
         else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)

@@ -27,7 +27,8 @@ import time
 import msgspec
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import (FIELD_ALIASES, IGNORED_FIELDS_HEADER, MAX_BATCH_AUDIO_BYTES, ApiError,
+from omni_tts.entrypoints.protocol import (FIELD_ALIASES, IGNORED_FIELDS_HEADER, JSON_RESPONSE, MAX_BATCH_AUDIO_BYTES,
+                                           ApiError,
                                            SpeechBatchRequest, SpeechRequest, decode_json, decode_speech_options,
                                            describe_fields)
 
@@ -99,6 +100,9 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
         if speech.streaming:
             raise ApiError(400, "the batch route answers whole files; stream with POST /v1/audio/speech",
                            "stream_format" if speech.stream_format is not None else "stream")
+        if speech.word_timestamps or speech.response_format == JSON_RESPONSE:
+            raise ApiError(400, "the batch route answers files without word times; ask POST /v1/audio/speech",
+                           "word_timestamps" if speech.word_timestamps else "response_format")
         voice = check_speech(state, speech)
         with Admission(state) as admission:
             async with open_speech(state, speech, voice, f"{batch_id}-{index}", admission) as (first, stream):

@@ -48,9 +48,10 @@ from omni_tts.orchestrator.types import SpeechChunk
 from .admission import Admission
 from .auth import WS_PROTOCOL
 from .errors import REQUEST_ERRORS, api_error
-from .responders import encode_chunk, encode_whole, record_usage
+from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
+from .word_times import TrailingTimestamps, check_word_timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class SpeechSession:
         self.utterance_index = 0
         self.num_configs = 0
         self.failed = False
+        self.timestamps: TrailingTimestamps | None = None   # word_timestamps: the trailing audio.chunk events
 
     async def run(self) -> None:
         try:
@@ -112,6 +114,8 @@ class SpeechSession:
     async def _close(self) -> None:
         if self.utterance is not None:
             await self.utterance.close()
+        if self.timestamps is not None:
+            await self.timestamps.close()
         await self.ws.close()
 
     async def fail(self, message: str) -> None:
@@ -176,6 +180,8 @@ class SpeechSession:
             text, self.uncommitted = self.uncommitted, ""  # what was never committed is spoken too
             await self._add(text)
             total = await self.utterance.finish() if self.utterance is not None else 0
+            if self.timestamps is not None:
+                await self.timestamps.flush()
             self.utterance, self.num_commits = None, 0
             await self.ws.send_json({"type": "session.done", "utterance_index": self.utterance_index,
                                      "total_sentences": total})
@@ -199,12 +205,15 @@ class SpeechSession:
             raise ApiError(400, f"streaming_mode {config.streaming_mode} makes one request of an utterance: "
                                 f"split_granularity must be token (the default)", "streaming_mode")
         voice = check_speech_request(self.state, config)
+        check_word_timestamps(self.state, config, raw_audio_stream=False)
         if config.ref_audio is None and voice.uploaded is None:
             self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
         else:  # reference audio to fetch, decode or load: admitted first, as an HTTP request's would be
             with Admission(self.state):
                 self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
         self.config = config
+        self.timestamps = (TrailingTimestamps(self.state, self.ws, f"ws-{id(self):x}", config.language)
+                           if config.word_timestamps else None)
 
     def synthesis(self, text: str) -> SynthesisRequest:
         return dataclasses.replace(self.template, text=text)
@@ -224,11 +233,14 @@ class SpeechSession:
             start |= {"sample_rate": output_sample_rate("pcm", config.sample_rate), "channels": 1}
         encoder = (create_stream_encoder(config.response_format, SAMPLE_RATE, config.sample_rate)
                    if config.stream_audio else None)
+        spoken: list = []   # with word_timestamps: the request's audio, aligned once it is whole
         try:
             parts, pending = [], encoder.start() if encoder else b""
             async for chunk in chunks:
                 if chunk.audio.size:
                     admission.first_audio()
+                    if self.timestamps is not None:
+                        spoken.append(chunk.audio)
                     if encoder is None:
                         parts.append(chunk.audio)
                         continue
@@ -251,6 +263,9 @@ class SpeechSession:
             await self.ws.send_bytes(data)
         await self.ws.send_json({"type": "audio.done", "utterance_index": self.utterance_index,
                                  "sentence_index": sentence_index, "total_bytes": total_bytes, "error": False})
+        if self.timestamps is not None:
+            self.timestamps.add(self.utterance_index, sentence_index, delivered_audio(config, spoken),
+                                sentence_text())
 
 
 def check_text_length(text: str) -> None:

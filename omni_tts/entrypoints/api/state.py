@@ -14,6 +14,7 @@ from omni_tts.entrypoints.metrics import ServerMetrics
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
 from omni_tts.entrypoints.voices_manifest import VoicesWithManifest
+from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.orchestrator.client_protocol import TTSClient
 from omni_tts.stages.protocol import StageStats
 
@@ -44,6 +45,7 @@ class ServerState:
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None
         self.admitted = 0
         self.in_flight = in_flight
+        self.aligner: AlignerClient | None = None   # word timestamps; None: the server has no forced aligner
         self._stage_stats: asyncio.Task | None = None
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:

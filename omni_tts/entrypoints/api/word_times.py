@@ -1,0 +1,140 @@
+"""Word timestamps of a response's audio: the forced-aligner stage asked once per finished segment, its times made
+absolute and kept within the audio, and the shapes each transport sends them in.
+
+A segment that gets no times (no aligner process, a restart, a timeout, a failure) is `words=None` with the reason:
+the audio is never held back for them (vllm-omni's contract: `timestamps: null` = the aligner failed, `[]` = no
+words).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
+from omni_tts.orchestrator.aligner_client import AlignerUnavailable
+
+from .state import ServerState
+
+HEADER = "x-word-timestamps"                 # vllm-omni's: JSON [{word, start_ms, end_ms}]
+OMITTED_HEADER = "x-word-timestamps-omitted"  # ... when that JSON is over HEADER_LIMIT bytes
+UNAVAILABLE_HEADER = "x-word-timestamps-unavailable"  # the aligner gave none: why
+HEADER_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class SegmentWords:
+    words: list[tuple[str, int, int]] | None   # (word, start_ms, end_ms), absolute in the response
+    reason: str | None = None                   # why words is None
+
+    def ms_json(self) -> list[dict] | None:
+        """vllm-omni's shape (header, WebSocket)."""
+        if self.words is None:
+            return None
+        return [{"word": w, "start_ms": start, "end_ms": end} for w, start, end in self.words]
+
+    def seconds_json(self) -> list[dict] | None:
+        """Kokoro's / OpenAI-style shape, in seconds (JSON body, SSE)."""
+        if self.words is None:
+            return None
+        return [{"word": w, "start": start / 1000, "end": end / 1000} for w, start, end in self.words]
+
+    def characters_json(self) -> list[dict] | None:
+        """ElevenLabs-style characters: each word's span shared evenly by its characters (the aligner times words;
+        within a word this is an estimate)."""
+        if self.words is None:
+            return None
+        out = []
+        for word, start, end in self.words:
+            step = (end - start) / len(word)
+            out += [{"character": c, "start": round(start + i * step) / 1000,
+                     "end": round(start + (i + 1) * step) / 1000} for i, c in enumerate(word)]
+        return out
+
+
+def check_word_timestamps(state: ServerState, options: SpeechOptions, raw_audio_stream: bool) -> None:
+    """400 when the server cannot answer `word_timestamps` in this response (checked before admission)."""
+    if not options.word_timestamps:
+        return
+    if state.aligner is None:
+        raise ApiError(400, "word_timestamps needs a forced aligner: this server runs without one (omni-tts serve "
+                            "--forced-aligner DIR_OR_REPO_ID)", "word_timestamps")
+    if raw_audio_stream:
+        raise ApiError(400, "word_timestamps cannot travel in a raw audio stream: use stream_format 'sse', a whole "
+                            "response, or the WebSocket", "word_timestamps")
+
+
+async def align_segment(state: ServerState, request_id: str, segment: int, audio: np.ndarray, text: str,
+                        language: str | None, offset_ms: int = 0) -> SegmentWords:
+    """The words of `text` in `audio` (float32 at the model's rate, as delivered), `offset_ms` added; times past the
+    audio's end are clamped to it (the aligner's classes reach 400 s whatever the clip's length)."""
+    end_ms = offset_ms + round(audio.shape[0] * 1000 / SAMPLE_RATE)
+    try:
+        words = await state.aligner.align(request_id, segment, audio, SAMPLE_RATE, text, language_hint(language))
+    except AlignerUnavailable as e:
+        return SegmentWords(None, str(e))
+    return SegmentWords([(w, min(offset_ms + start, end_ms), min(offset_ms + end, end_ms))
+                         for w, start, end in words])
+
+
+def language_hint(language: str | None) -> str | None:
+    """The request's language as the word splitter reads it (Japanese and Korean have their own; Auto is none)."""
+    return None if language is None or language.lower() == "auto" else language
+
+
+def header_fields(result: SegmentWords) -> dict[str, str]:
+    """A whole file's timestamps in headers: the JSON if it fits in HEADER_LIMIT bytes, else a note to ask for
+    response_format json."""
+    if result.words is None:
+        return {UNAVAILABLE_HEADER: _header_safe(result.reason or "unavailable")}
+    encoded = json.dumps(result.ms_json(), ensure_ascii=True, separators=(",", ":"))
+    if len(encoded) > HEADER_LIMIT:
+        return {OMITTED_HEADER: f"{len(result.words)} words, {len(encoded)} bytes: over {HEADER_LIMIT}; "
+                                "response_format 'json' returns them in the body"}
+    return {HEADER: encoded}
+
+
+def _header_safe(text: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)[:512]
+
+
+class TrailingTimestamps:
+    """WebSocket: each request's words in a trailing `audio.chunk` once aligned (vllm-omni's event), sent in request
+    order, never holding back audio; times are absolute within the utterance."""
+
+    def __init__(self, state: ServerState, ws, session_id: str, language: str | None) -> None:
+        self.state, self.ws, self.session_id, self.language = state, ws, session_id, language
+        self.offset_ms = 0
+        self.last: asyncio.Task | None = None
+        self.tasks: list[asyncio.Task] = []
+
+    def add(self, utterance_index: int, sentence_index: int, audio: np.ndarray, text: str) -> None:
+        offset, self.offset_ms = self.offset_ms, self.offset_ms + round(audio.shape[0] * 1000 / SAMPLE_RATE)
+        task = asyncio.create_task(self._send(self.last, utterance_index, sentence_index, audio, text, offset))
+        self.last = task
+        self.tasks.append(task)
+
+    async def _send(self, before: asyncio.Task | None, utterance_index: int, sentence_index: int,
+                    audio: np.ndarray, text: str, offset_ms: int) -> None:
+        result = await align_segment(self.state, f"{self.session_id}-{utterance_index}", sentence_index, audio, text,
+                                     self.language, offset_ms)
+        if before is not None:
+            await before
+        event = {"type": "audio.chunk", "utterance_index": utterance_index, "sentence_index": sentence_index,
+                 "timestamps": result.ms_json()}
+        if result.reason is not None:
+            event["reason"] = result.reason
+        await self.ws.send_json(event)
+
+    async def flush(self) -> None:
+        """Every trailing event of the utterance sent (before its session.done); the next one starts at 0 ms."""
+        tasks, self.tasks, self.last, self.offset_ms = self.tasks, [], None, 0
+        await asyncio.gather(*tasks)
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

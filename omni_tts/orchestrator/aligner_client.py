@@ -1,0 +1,188 @@
+"""The forced-aligner stage seen from the API process: spawn it, ask it for word times, restart it when it dies.
+
+It has its own supervision, apart from the TTS pipeline's: the aligner is off the audio path, so its failure never
+fails a request. Alignments in flight when it exits (or that wait past `timeout_s`) end in `AlignerUnavailable`,
+which a response turns into `timestamps: null` with the reason; the process is started again after a backoff.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from omni_tts.config.stage_config import AlignerStageConfig
+from omni_tts.stages import aligner_stage
+from omni_tts.stages.protocol import (
+    Abort,
+    AlignerEvent,
+    AlignerLaunch,
+    AlignSegment,
+    Ready,
+    SegmentAligned,
+    Shutdown,
+    StageFailed,
+)
+
+from .supervisor import stop_process, exit_description
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 300.0
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+WordTimes = list[tuple[str, int, int]]   # (word, start_ms, end_ms), in text order
+
+
+class AlignerUnavailable(Exception):
+    """No word times for this segment: the message says why (stage down, restarting, timed out, failed)."""
+
+
+class AlignerClient:
+    def __init__(self, model_dir: str, config: AlignerStageConfig) -> None:
+        self.model_dir, self.config = model_dir, config
+        self._ctx = zmq.asyncio.Context()
+        self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_aligner_")
+        self._events_address = f"ipc://{self._ipc_dir}/events"
+        self._events = self._ctx.socket(zmq.PULL)
+        self._events.setsockopt(zmq.LINGER, 0)
+        self._events.bind(self._events_address)
+        self._command: zmq.asyncio.Socket | None = None
+        self._process: multiprocessing.Process | None = None
+        self._ready: asyncio.Future | None = None
+        self._pending: dict[tuple[str, int], asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+        self._restart: asyncio.Task | None = None
+        self._failures = 0
+        self._started = False   # once ready, a death is restarted; before, start() raises
+        self._last_failure = ""
+        self.closed = False
+        self.down_reason: str | None = "the aligner stage is starting"
+
+    def status(self) -> dict:
+        """For /health: whether it aligns now (else why not), its process and the segments it owes."""
+        return {"ready": self.down_reason is None, "reason": self.down_reason,
+                "pid": self._process.pid if self._process is not None else None, "pending": len(self._pending)}
+
+    async def start(self) -> None:
+        """Start the stage; raises if it cannot load (a bad checkpoint is the operator's error, found at start)."""
+        self._reader = asyncio.create_task(self._read_events())
+        await self._spawn()
+
+    async def align(self, request_id: str, segment: int, audio: np.ndarray, sample_rate: int, text: str,
+                    language: str | None) -> WordTimes:
+        """Word times of one finished piece of audio (float32 mono), relative to its start."""
+        if self.down_reason is not None:
+            raise AlignerUnavailable(self.down_reason)
+        key = (request_id, segment)
+        future = self._pending[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self._command.send(msgspec.msgpack.encode(AlignSegment(
+                request_id, segment, text, language, np.ascontiguousarray(audio, dtype=np.float32).tobytes(),
+                sample_rate)))
+            return await asyncio.wait_for(future, self.config.timeout_s)
+        except asyncio.TimeoutError:
+            raise AlignerUnavailable(f"the aligner did not answer within {self.config.timeout_s:g} s") from None
+        finally:
+            self._pending.pop(key, None)
+
+    async def abort(self, request_id: str) -> None:
+        """Drop the request's segments that wait in the stage (a client that left needs none)."""
+        if self._command is not None and self.down_reason is None:
+            await self._command.send(msgspec.msgpack.encode(Abort(request_id)))
+
+    async def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for task in (self._restart, self._reader):
+            if task is not None:
+                task.cancel()
+        if self._process is not None:
+            if self._process.is_alive() and self._command is not None:
+                await self._command.send(msgspec.msgpack.encode(Shutdown()))
+                await asyncio.to_thread(self._process.join, 5)
+            asyncio.get_running_loop().remove_reader(self._process.sentinel)
+            stop_process(self._process)
+        self._fail_pending("the server is shutting down")
+        self._ctx.destroy(linger=0)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    async def _spawn(self) -> None:
+        command_address = f"ipc://{self._ipc_dir}/commands"
+        launch = AlignerLaunch(stage="aligner", model_dir=self.model_dir, device=self.config.device,
+                               dtype=self.config.dtype, threads=self.config.threads,
+                               max_batch_size=self.config.max_batch_size, command_address=command_address,
+                               event_address=self._events_address,
+                               log_level=logging.getLogger("omni_tts").getEffectiveLevel())
+        process = multiprocessing.get_context("spawn").Process(
+            target=aligner_stage.main, args=(msgspec.msgpack.encode(launch),), name="omni-tts-aligner", daemon=True)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as the TTS stages (supervisor.py)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if self._command is not None:
+            self._command.close(linger=0)
+        self._command = self._ctx.socket(zmq.PUSH)
+        self._command.setsockopt(zmq.LINGER, 0)
+        self._command.connect(command_address)
+        self._process, self._ready = process, asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, process)
+        await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
+        self.down_reason, self._failures, self._started = None, 0, True
+        logger.info("forced aligner ready (pid %d, %s)", process.pid, self.config.device)
+
+    async def _read_events(self) -> None:
+        decoder = msgspec.msgpack.Decoder(AlignerEvent)
+        while True:
+            event = decoder.decode(await self._events.recv())
+            if isinstance(event, SegmentAligned):
+                future = self._pending.get((event.request_id, event.segment))
+                if future is not None and not future.done():
+                    if event.error is None:
+                        future.set_result(list(event.words))
+                    else:
+                        future.set_exception(AlignerUnavailable(event.error))
+            elif isinstance(event, Ready):
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(event.pid)
+            elif isinstance(event, StageFailed):
+                self._last_failure = event.message
+                logger.error("forced aligner stage failed: %s\n%s", event.message, event.error)
+
+    def _on_exit(self, process: multiprocessing.Process) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join(0)
+        why = self._last_failure or exit_description(process)
+        self._last_failure = ""
+        if self._ready is not None and not self._ready.done():  # it died while loading
+            self._ready.set_exception(RuntimeError(f"the forced aligner stage exited while loading: {why}"))
+        if self.closed or not self._started:
+            return
+        self.down_reason = f"the aligner stage exited ({why}); it is restarting"
+        logger.error("forced aligner stage exited (%s): pending alignments get no timestamps; restarting", why)
+        self._fail_pending(self.down_reason)
+        self._restart = asyncio.create_task(self._restart_later())
+
+    async def _restart_later(self) -> None:
+        delay = RESTART_BACKOFF_S[min(self._failures, len(RESTART_BACKOFF_S) - 1)]
+        self._failures += 1
+        await asyncio.sleep(delay)
+        try:
+            await self._spawn()
+        except Exception as e:  # noqa: BLE001 - the exit watcher schedules the next attempt
+            logger.error("forced aligner restart failed: %s", e)
+
+    def _fail_pending(self, reason: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(AlignerUnavailable(reason))

@@ -1,0 +1,90 @@
+"""The forced-aligner stage process: word times of finished audio, batched across requests, off the audio path.
+
+Commands arrive on a PULL socket (AlignSegment, Abort, Shutdown); each loop takes every waiting segment, up to
+`max_batch_size`, into one aligner call and answers each with a SegmentAligned. A segment the aligner cannot take
+(its batch raised) is retried alone, so one bad segment fails only itself. The process runs below the TTS stages'
+priority: timestamps may trail, audio may not. A crash is reported (StageFailed) and the orchestrator restarts it.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+
+import msgspec
+import numpy as np
+import torch
+import zmq
+
+from omni_tts.config.threads import set_torch_threads
+from omni_tts.log import configure_logging
+from omni_tts.models.qwen3_forced_aligner.aligner import AlignItem, ForcedAligner
+
+from .common import fail_process, name_process
+from .protocol import Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown
+
+logger = logging.getLogger(__name__)
+
+ALIGNER_NICENESS = 10   # below the talker's 8 and code2wav's 5
+POLL_MS = 1000          # how often an idle stage checks that its parent is alive
+
+
+def main(launch_bytes: bytes) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it (Shutdown); see common.run_stages
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    launch = msgspec.msgpack.decode(launch_bytes, type=AlignerLaunch)
+    name_process("omni-tts-aligner")
+    configure_logging(launch.log_level)
+    if launch.device == "cpu":
+        os.nice(ALIGNER_NICENESS)
+    set_torch_threads(launch.threads)
+    ctx = zmq.Context()
+    commands = ctx.socket(zmq.PULL)
+    commands.bind(launch.command_address)
+    events = ctx.socket(zmq.PUSH)
+    events.setsockopt(zmq.LINGER, 1000)
+    events.connect(launch.event_address)
+    try:
+        aligner = ForcedAligner(launch.model_dir, launch.device, getattr(torch, launch.dtype))
+        events.send(msgspec.msgpack.encode(Ready(launch.stage, os.getpid())))
+        _serve(aligner, launch, commands, events, os.getppid())
+        os._exit(0)
+    except BaseException as e:
+        fail_process(launch, e)
+
+
+def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, events: zmq.Socket,
+           parent_pid: int) -> None:
+    decoder, encoder = msgspec.msgpack.Decoder(AlignerCommand), msgspec.msgpack.Encoder()
+    pending: collections.deque[AlignSegment] = collections.deque()
+    while True:
+        if not pending and not commands.poll(POLL_MS):
+            if os.getppid() != parent_pid:
+                logger.error("aligner: the server process %d is gone; exiting", parent_pid)
+                return
+            continue
+        while commands.poll(0):
+            command = decoder.decode(commands.recv())
+            if isinstance(command, Shutdown):
+                return
+            if isinstance(command, Abort):
+                pending = collections.deque(s for s in pending if s.request_id != command.request_id)
+            else:
+                pending.append(command)
+        batch = [pending.popleft() for _ in range(min(len(pending), launch.max_batch_size))]
+        for answer in _align(aligner, batch):
+            events.send(encoder.encode(answer))
+
+
+def _align(aligner: ForcedAligner, batch: list[AlignSegment]) -> list[SegmentAligned]:
+    items = [AlignItem(np.frombuffer(s.pcm, dtype=np.float32), s.sample_rate, s.text, s.language) for s in batch]
+    try:
+        results = aligner.align(items)
+    except Exception:
+        if len(batch) > 1:  # find the segment that cannot be aligned: each alone
+            return [answer for s in batch for answer in _align(aligner, [s])]
+        logger.exception("aligner: segment %d of request %s failed", batch[0].segment, batch[0].request_id)
+        return [SegmentAligned(batch[0].request_id, batch[0].segment, error="the aligner failed on this audio")]
+    return [SegmentAligned(s.request_id, s.segment, [(w.word, w.start_ms, w.end_ms) for w in words])
+            for s, words in zip(batch, results)]

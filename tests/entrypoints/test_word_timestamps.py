@@ -1,0 +1,176 @@
+"""word_timestamps over real sockets: a server with the tiny forced aligner as its own stage process."""
+import asyncio
+import base64
+import io
+import json
+import os
+import signal
+import time
+
+import pytest
+import soundfile as sf
+
+from conftest import FIXTURES
+from omni_tts.config import STAGE_CONFIG_DIR
+from omni_tts.models.qwen3_forced_aligner.words import split_words
+from server_util import ServerProcess, request, ws_utterance
+from test_server import parse_sse
+
+ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
+TEXT = "Hello world, this is a test. The quick brown fox jumps over the lazy dog!"
+ALIGNER_TIMEOUT_S = 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The tiny CustomVoice model and the tiny aligner; a segment the aligner holds for ALIGNER_TIMEOUT_S gets none."""
+    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
+    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text()
+                    + f"\naligner:\n  max_batch_size: 4\n  timeout_s: {ALIGNER_TIMEOUT_S}\n")
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
+                           "--stage-config", str(yaml))
+    yield server
+    server.stop()
+
+
+def speak(server, headers=None, **fields):
+    body = {"input": TEXT, "voice": "vivian", "seed": 7, "word_timestamps": True} | fields
+    return request(server.url + "/v1/audio/speech", body, headers=headers)
+
+
+def check_words(words: list[tuple[str, float, float]], text: str, seconds: float, offset: float = 0.0) -> None:
+    """Every word of the text in order, times non-decreasing, within [offset, offset + seconds]."""
+    assert [w for w, _, _ in words] == split_words(text, None)
+    times = [t for _, start, end in words for t in (start, end)]
+    assert times == sorted(times)
+    assert offset <= times[0] and times[-1] <= offset + seconds + 1e-3
+
+
+def test_whole_file_carries_them_in_a_header(server):
+    status, headers, body = speak(server, response_format="wav")
+    assert status == 200, body[:300]
+    seconds = float(headers["x-omni-tts-audio-seconds"])
+    assert sf.info(io.BytesIO(body)).duration == pytest.approx(seconds, abs=1e-3)
+    words = json.loads(headers["x-word-timestamps"])
+    assert set(words[0]) == {"word", "start_ms", "end_ms"}
+    check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in words], TEXT, seconds)
+
+
+def test_json_body_has_audio_words_and_characters(server):
+    status, headers, body = speak(server, response_format="json")
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    answer = json.loads(body)
+    audio = base64.b64decode(answer["audio"])
+    assert answer["format"] == "wav" and answer["sample_rate"] == 24000
+    seconds = sf.info(io.BytesIO(audio)).duration
+    check_words([(w["word"], w["start"], w["end"]) for w in answer["words"]], TEXT, seconds)
+    assert "".join(c["character"] for c in answer["characters"]) == "".join(w["word"] for w in answer["words"])
+    # the same request as a header: the same times (greedy with a seed: the same audio)
+    _, headers, _ = speak(server, response_format="wav")
+    assert [[w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000] for w in json.loads(headers["x-word-timestamps"])] \
+        == [[w["word"], w["start"], w["end"]] for w in answer["words"]]
+    # Accept: application/json with another format: that format inside the JSON
+    status, _, body = speak(server, response_format="flac", headers={"Content-Type": "application/json",
+                                                                      "Accept": "application/json"})
+    assert status == 200 and json.loads(body)["format"] == "flac"
+
+
+def test_sse_sends_a_timestamps_event_before_done(server):
+    status, _, body = speak(server, stream_format="sse", response_format="pcm")
+    assert status == 200
+    events = parse_sse(body)
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["speech.audio.timestamps", "speech.audio.done"]
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    check_words([(w["word"], w["start"], w["end"]) for w in events[-2]["words"]], TEXT, len(pcm) / 2 / 24000)
+
+
+def test_where_they_cannot_go_is_a_400(server):
+    for fields, param in [({"stream_format": "audio"}, "word_timestamps"),
+                          ({"stream": True, "response_format": "json"}, "response_format")]:
+        status, _, body = speak(server, **fields)
+        assert status == 400 and json.loads(body)["error"]["param"] == param, body
+    status, _, body = request(server.url + "/v1/audio/speech/batch",
+                              {"items": [{"input": "Hi.", "word_timestamps": True}]})
+    [result] = json.loads(body)["results"]
+    assert result["status"] == 400 and result["error"]["param"] == "word_timestamps", result
+
+
+def test_websocket_trailing_chunks_per_sentence_are_absolute(server):
+    sentences = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog!"]
+    _, events = asyncio.run(ws_utterance(server.url, [
+        {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
+         "split_granularity": "sentence", "word_timestamps": True},
+        {"type": "input.text", "text": " ".join(sentences)}, {"type": "input.done"}]))
+    assert events[-1]["type"] == "session.done", events[-1]
+    done = {e["sentence_index"]: e["total_bytes"] / 2 / 24000 for e in events if e["type"] == "audio.done"}
+    trailing = [e for e in events if e["type"] == "audio.chunk"]
+    assert [e["sentence_index"] for e in trailing] == [0, 1]
+    for event, sentence in zip(trailing, sentences):
+        offset = sum(done[i] for i in range(event["sentence_index"]))
+        check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in event["timestamps"]], sentence,
+                    done[event["sentence_index"]], offset)
+        # trails its own sentence's audio
+        assert events.index(event) > next(i for i, e in enumerate(events)
+                                          if e["type"] == "audio.done" and e["sentence_index"] == event["sentence_index"])
+
+
+def test_websocket_token_mode_gets_them_for_the_utterance(server):
+    _, events = asyncio.run(ws_utterance(server.url, [
+        {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
+         "word_timestamps": True},
+        {"type": "input.text", "text": "Hello world, "}, {"type": "input.text", "text": "this is a test."},
+        {"type": "input.done"}]))
+    [trailing] = [e for e in events if e["type"] == "audio.chunk"]
+    [done] = [e for e in events if e["type"] == "audio.done"]
+    check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in trailing["timestamps"]],
+                "Hello world, this is a test.", done["total_bytes"] / 2 / 24000)
+
+
+def aligner_status(server) -> dict:
+    return json.loads(request(server.url + "/health")[2])["aligner"]
+
+
+def wait_for(predicate, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+def test_a_stuck_or_killed_aligner_costs_timestamps_not_audio(server):
+    """Held by state: the aligner is stopped (SIGSTOP), so a segment waits in it; the request still gets its audio."""
+    pid = aligner_status(server)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status, headers, body = speak(server, response_format="wav")   # waits ALIGNER_TIMEOUT_S, then answers
+        assert status == 200 and sf.info(io.BytesIO(body)).duration > 0
+        assert "x-word-timestamps" not in headers
+        assert f"within {ALIGNER_TIMEOUT_S} s" in headers["x-word-timestamps-unavailable"]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+    status = wait_for(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, "aligner restarted")
+    assert status["pending"] == 0
+    status, headers, _ = speak(server, response_format="wav")
+    assert status == 200 and "x-word-timestamps" in headers
+
+
+def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pid = aligner_status(server)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(speak, server, response_format="json")
+        wait_for(lambda: aligner_status(server)["pending"] >= 1, "a segment waits in the aligner")
+        os.kill(pid, signal.SIGKILL)
+        status, _, body = answer.result()
+    assert status == 200
+    result = json.loads(body)
+    assert result["words"] is None and "exited" in result["timestamps_unavailable"]
+    assert sf.info(io.BytesIO(base64.b64decode(result["audio"]))).duration > 0
+    wait_for(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, "aligner restarted")
