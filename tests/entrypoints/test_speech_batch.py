@@ -43,7 +43,7 @@ def test_good_and_bad_items_fail_alone_in_order(server):
     good = [{"input": "The first good item."},
             {"input": "A second voice.", "speaker": "vivian"},           # an alias overrides the default voice
             {"input": "A whole wav file.", "response_format": "wav"},
-            {"input": "Unknown fields are named.", "word_timestamps": False}]
+            {"input": "Unknown fields are named.", "lip_sync": False}]
     bad = [{"input": ""},                                                # vllm-omni's holes: an empty input,
            {"input": "Nobody speaks.", "voice": "nobody"},              # an unknown voice
            {"input": "Too fast.", "speed": "fast"},
@@ -74,7 +74,7 @@ def test_good_and_bad_items_fail_alone_in_order(server):
             assert result["usage"]["output_tokens"] == int(headers_alone["x-omni-tts-output-tokens"])
             assert result["usage"]["input_tokens"] == int(headers_alone["x-omni-tts-input-tokens"])
             assert result["finish_reason"] == headers_alone["x-omni-tts-finish-reason"]
-    assert results[6]["ignored_fields"] == "word_timestamps"
+    assert results[6]["ignored_fields"] == "lip_sync"
     assert "x-omni-tts-ignored-fields" not in headers
     assert request(server.url + "/health")[0] == 200
 

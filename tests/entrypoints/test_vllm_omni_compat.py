@@ -51,12 +51,12 @@ def test_model_is_optional_speaker_is_voice_and_a_voice_defaults_to_the_first_sp
 
 def test_unknown_fields_are_ignored_named_and_logged(cv_server):
     status, headers, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "extra_params": {"a": 1},
-                                               "word_timestamps": False, "speed_hint": "fast"})
+                                               "lip_sync": False, "speed_hint": "fast"})
     assert status == 200
-    assert headers["x-omni-tts-ignored-fields"] == "extra_params, word_timestamps, speed_hint"
+    assert headers["x-omni-tts-ignored-fields"] == "extra_params, lip_sync, speed_hint"
     assert_pcm_close(body, offline_pcm("tiny-custom-voice", text=TEXT, voice="ryan"))
     warnings = [line for line in cv_server.output().splitlines() if "ignored unknown field(s)" in line]
-    assert len(warnings) == 1 and "extra_params, word_timestamps, speed_hint" in warnings[0]
+    assert len(warnings) == 1 and "extra_params, lip_sync, speed_hint" in warnings[0]
     # a known field of the wrong type is still a 400: only unknown names are let through
     status, _, body = speech(cv_server, {"input": TEXT, "voice": "ryan", "speed": "fast"})
     assert status == 400 and json.loads(body)["error"]["param"] == "speed"
