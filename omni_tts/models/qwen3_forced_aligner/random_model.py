@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..qwen3_tts.random_model import _apply_umask, _noise, _save, _write_json
+from ..qwen3_tts.random_model import _noise, _save, _write_json, atomic_directory, generated_once
 from ..qwen3_tts.text_tokenizer import write_text_tokenizer_files
 from .config import AlignerConfig
 
@@ -102,12 +100,7 @@ def make_random_aligner(out_dir: str, preset: str = "tiny", seed: int = 0,
 
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)} for the forced aligner, got {preset!r}")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not empty")
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-omni-tts-", dir=parent)
-    try:
+    with atomic_directory(out_dir) as tmp:
         _write_json(os.path.join(tmp, "config.json"), aligner_config_dict(preset))
         _write_json(os.path.join(tmp, "preprocessor_config.json"), PREPROCESSOR)
         write_text_tokenizer_files(tmp, SPECIAL_TOKENS, dict(
@@ -119,24 +112,10 @@ def make_random_aligner(out_dir: str, preset: str = "tiny", seed: int = 0,
         weights = nn.Module()
         weights.thinker = model
         _save(weights, os.path.join(tmp, "model.safetensors"), dtype)
-        _apply_umask(tmp)
-        if os.path.isdir(out_dir):
-            os.rmdir(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
 def default_aligner_dir() -> str:
     """The embedded tiny aligner (the test fixture's weights), generated into the user cache on first use."""
-    root = os.environ.get("OMNI_TTS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "omni_tts"))
-    path = os.path.join(root, "tiny-forced-aligner-v1")
-    if not os.path.isfile(os.path.join(path, "model.safetensors")):
-        try:
-            make_random_aligner(path, "tiny", seed=20260122)
-        except OSError:  # another process finished it first (the rename is atomic)
-            if not os.path.isfile(os.path.join(path, "model.safetensors")):
-                raise
-    return path
+    return generated_once("tiny-forced-aligner-v1", "model.safetensors",
+                          lambda path: make_random_aligner(path, "tiny", seed=20260122))

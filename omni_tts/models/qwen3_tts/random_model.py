@@ -8,13 +8,14 @@ EOS row is boosted so that utterances end. The reference implementation (qwen-tt
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import tempfile
 import zlib
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -226,12 +227,7 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not empty")
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-omni-tts-", dir=parent)
-    try:
+    with atomic_directory(out_dir) as tmp:
         cfg_dict = tts_config_dict(variant, preset)
         st_dict = speech_tokenizer_config_dict(preset)
         config = Qwen3TTSConfig.from_dict(cfg_dict)
@@ -252,6 +248,19 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
         speech = SpeechTokenizerWeights(st_config, with_encoder=True)
         randomize_speech_tokenizer(speech, seed + 1)
         _save(speech, os.path.join(st_dir, "model.safetensors"), torch.float32)
+    return out_dir
+
+
+@contextlib.contextmanager
+def atomic_directory(out_dir: str) -> Iterator[str]:
+    """A checkpoint written whole or not at all: built in a temporary sibling (yielded), then renamed to out_dir."""
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not empty")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-omni-tts-", dir=parent)
+    try:
+        yield tmp
         _apply_umask(tmp)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)
@@ -259,7 +268,6 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out_dir
 
 
 def _apply_umask(root: str) -> None:
@@ -274,12 +282,19 @@ def _apply_umask(root: str) -> None:
 
 def default_model_dir() -> str:
     """The embedded tiny CustomVoice model, generated into the user cache on first use."""
+    return generated_once("tiny-custom-voice-v1", os.path.join("speech_tokenizer", "model.safetensors"),
+                          lambda path: make_random_model(path, "custom_voice", "tiny", seed=20260122))
+
+
+def generated_once(name: str, last_file: str, make: Callable[[str], object]) -> str:
+    """The user cache's `name` directory, made by `make(path)` unless its `last_file` is there already; processes
+    that race each make it, the first rename wins."""
     root = os.environ.get("OMNI_TTS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "omni_tts"))
-    path = os.path.join(root, "tiny-custom-voice-v1")
-    if not os.path.isfile(os.path.join(path, "speech_tokenizer", "model.safetensors")):
+    path = os.path.join(root, name)
+    if not os.path.isfile(os.path.join(path, last_file)):
         try:
-            make_random_model(path, "custom_voice", "tiny", seed=20260122)
+            make(path)
         except OSError:  # another process finished it first (the rename is atomic)
-            if not os.path.isfile(os.path.join(path, "speech_tokenizer", "model.safetensors")):
+            if not os.path.isfile(os.path.join(path, last_file)):
                 raise
     return path
