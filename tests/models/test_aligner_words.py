@@ -87,3 +87,15 @@ def test_fix_timestamp_examples(values, fixed):
 def test_is_torch_free():
     code = "import sys, omni_tts.models.qwen3_forced_aligner.words; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_loading_the_japanese_segmenter_leaves_float_comparisons_alone():
+    """DyNet's import sets denormals-are-zero, which lets msgspec's `gt=0.0` bound pass 0.0 (top_p=0 accepted)."""
+    pytest.importorskip("nagisa")
+    script = ("import msgspec\nfrom typing import Annotated\n"
+              "from omni_tts.models.qwen3_forced_aligner.words import split_words\n"
+              "split_words('今日は良い天気です。', 'Japanese')\n"
+              "try:\n    msgspec.convert(0.0, Annotated[float, msgspec.Meta(gt=0.0)])\n    print('accepted')\n"
+              "except msgspec.ValidationError:\n    print('refused')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "refused"

@@ -189,4 +189,8 @@ def _nagisa() -> ModuleType | None:
         import nagisa
     except ImportError:
         return None
+    # loading DyNet turns on flush-to-zero / denormals-are-zero for the importing thread: every float comparison
+    # with a denormal after it changes (msgspec's `gt=0.0` bound lets 0.0 through), so the mode is put back
+    import torch
+    torch.set_flush_denormal(False)
     return nagisa
