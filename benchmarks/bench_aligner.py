@@ -145,7 +145,7 @@ def measure(aligner: ForcedAligner, items: list[AlignItem], repeats: int, budget
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict:
-    rows, load_s = [], {}
+    rows, load_s, where = [], {}, machine()  # the load average and time at the start
     for preset in args.preset:
         model_dir = args.model or cached_aligner(preset, args.seed)
         start = time.perf_counter()
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict:
                                cpu_s_per_audio_s=row["cpu_s"] / audio_s)
                     rows.append(row)
                     log(table_row(row))
-    return {"machine": machine(), "config": vars(args), "load_s": load_s, "rows": rows}
+    return {"machine": where, "config": vars(args), "load_s": load_s, "rows": rows}
 
 
 HEADER = ("| preset | threads | batch | clip s | prompt tokens | runs | ms per call | RTF | audio-s per s | "
