@@ -148,6 +148,9 @@ class AlignerStageConfig(_Config):
     max_batch_size: PositiveInt = 16  # segments aligned together in one forward
     threads: PositiveInt = 1  # torch CPU threads of the process (it runs below the TTS stages' priority)
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # a segment not aligned by then gets no timestamps
+    # process: a process of its own (restarted alone); code2wav: a thread in code2wav's process, on its device and
+    # its threads (one CUDA context less; it restarts with the pipeline)
+    placement: Literal["process", "code2wav"] = "process"
 
 
 class PipelineConfig(_Config):

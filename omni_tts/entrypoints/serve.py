@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before
     from omni_tts.config import PipelineConfig
     from omni_tts.entrypoints.api.config import ServerConfig
     from omni_tts.orchestrator.async_tts import AsyncTTS
+    from omni_tts.orchestrator.aligner_client import AlignerClient
     from omni_tts.orchestrator.client_protocol import TTSClient
 
 logger = logging.getLogger("omni_tts.serve")
@@ -61,9 +62,9 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
         config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
-        config.forced_aligner_dir, config.aligner_stage = forced_aligner_dir(args), pipeline.aligner
         engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
                           max_restarts=args.max_restarts)
+        config.aligner = forced_aligner(args, engine)   # before the stages start: code2wav's may run it
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
         engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
         url = listener_url(listener)
@@ -91,9 +92,22 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig,
     return model_dir, stage_config, load_stage_config(stage_config), names
 
 
+def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient | None:
+    """The aligner of --forced-aligner's checkpoint (downloaded if need be), placed as the stage config's `aligner`
+    says (placement code2wav: the pipeline, which starts first, is told to run it); by default the embedded tiny
+    aligner beside the embedded tiny model, and none beside a real one (a random aligner's times mean nothing)."""
+    from omni_tts.orchestrator.aligner_client import AlignerClient
+
+    model_dir = forced_aligner_dir(args)
+    if model_dir is None:
+        return None
+    aligner = AlignerClient(model_dir, engine.pipeline.aligner)
+    if aligner.hosted:
+        engine.supervisor.hosted_aligner = aligner.launch
+    return aligner
+
+
 def forced_aligner_dir(args: argparse.Namespace) -> str | None:
-    """--forced-aligner's checkpoint (downloaded if need be); by default the embedded tiny aligner beside the embedded
-    tiny model, and none beside a real one (a random aligner's times would mean nothing there)."""
     from omni_tts.models.qwen3_forced_aligner.config import AlignerConfig
     from omni_tts.models.qwen3_forced_aligner.random_model import default_aligner_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir

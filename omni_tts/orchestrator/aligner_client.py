@@ -3,6 +3,8 @@
 It has its own supervision, apart from the TTS pipeline's: the aligner is off the audio path, so its failure never
 fails a request. Alignments in flight when it exits (or that wait past `timeout_s`) end in `AlignerUnavailable`,
 which a response turns into `timestamps: null` with the reason; the process is started again after a backoff.
+With placement `code2wav` the aligner is a thread of code2wav's process (the supervisor passes it `launch`): this
+client then watches that process (a pidfd) instead of spawning one, and the aligner comes back with the pipeline.
 """
 from __future__ import annotations
 
@@ -48,13 +50,13 @@ class AlignerUnavailable(Exception):
 
 class AlignerClient:
     def __init__(self, model_dir: str, config: AlignerStageConfig) -> None:
+        """Sockets and processes come at start(); `launch` (the addresses) is there at once, for a pipeline that
+        hosts the aligner and starts before it."""
         self.model_dir, self.config = model_dir, config
-        self._ctx = zmq.asyncio.Context()
+        self._ctx: zmq.asyncio.Context | None = None
+        self._events: zmq.asyncio.Socket | None = None
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_aligner_")
         self._events_address = f"ipc://{self._ipc_dir}/events"
-        self._events = self._ctx.socket(zmq.PULL)
-        self._events.setsockopt(zmq.LINGER, 0)
-        self._events.bind(self._events_address)
         self._command: zmq.asyncio.Socket | None = None
         self._process: multiprocessing.Process | None = None
         self._ready: asyncio.Future | None = None
@@ -66,16 +68,34 @@ class AlignerClient:
         self._last_failure = ""
         self.closed = False
         self.down_reason: str | None = "the aligner stage is starting"
+        self.hosted = config.placement == "code2wav"
+        self._host: tuple[int, int] | None = None   # hosted: (pid, pidfd) of code2wav's process
+        self.launch = AlignerLaunch(stage="aligner", model_dir=model_dir, device=config.device, dtype=config.dtype,
+                                    threads=config.threads, max_batch_size=config.max_batch_size,
+                                    command_address=f"ipc://{self._ipc_dir}/commands",
+                                    event_address=self._events_address,
+                                    log_level=logging.getLogger("omni_tts").getEffectiveLevel())
 
     def status(self) -> dict:
         """For /health: whether it aligns now (else why not), its process and the segments it owes."""
-        return {"ready": self.down_reason is None, "reason": self.down_reason,
-                "pid": self._process.pid if self._process is not None else None, "pending": len(self._pending)}
+        pid = self._host[0] if self._host else self._process.pid if self._process is not None else None
+        return {"ready": self.down_reason is None, "reason": self.down_reason, "placement": self.config.placement,
+                "pid": pid, "pending": len(self._pending)}
 
     async def start(self) -> None:
-        """Start the stage; raises if it cannot load (a bad checkpoint is the operator's error, found at start)."""
+        """Start the stage (hosted: wait for code2wav's thread, which the pipeline started); raises if it cannot load
+        (a bad checkpoint is the operator's error, found at start)."""
+        self._ctx = zmq.asyncio.Context()
+        self._events = self._ctx.socket(zmq.PULL)
+        self._events.setsockopt(zmq.LINGER, 0)
+        self._events.bind(self._events_address)   # a hosted aligner's Ready waits in its PUSH until this bind
+        self._ready = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read_events())
-        await self._spawn()
+        if not self.hosted:
+            await self._spawn()
+            return
+        self._connect()
+        await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
 
     async def align(self, request_id: str, segment: int, audio: np.ndarray, sample_rate: int, text: str,
                     language: str | None) -> WordTimes:
@@ -106,6 +126,7 @@ class AlignerClient:
         for task in (self._restart, self._reader):
             if task is not None:
                 task.cancel()
+        self._unwatch_host()
         if self._process is not None:
             if self._process.is_alive() and self._command is not None:
                 await self._command.send(msgspec.msgpack.encode(Shutdown()))
@@ -113,33 +134,56 @@ class AlignerClient:
             asyncio.get_running_loop().remove_reader(self._process.sentinel)
             stop_process(self._process)
         self._fail_pending("the server is shutting down")
-        self._ctx.destroy(linger=0)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     async def _spawn(self) -> None:
-        command_address = f"ipc://{self._ipc_dir}/commands"
-        launch = AlignerLaunch(stage="aligner", model_dir=self.model_dir, device=self.config.device,
-                               dtype=self.config.dtype, threads=self.config.threads,
-                               max_batch_size=self.config.max_batch_size, command_address=command_address,
-                               event_address=self._events_address,
-                               log_level=logging.getLogger("omni_tts").getEffectiveLevel())
         process = multiprocessing.get_context("spawn").Process(
-            target=aligner_stage.main, args=(msgspec.msgpack.encode(launch),), name="omni-tts-aligner", daemon=True)
+            target=aligner_stage.main, args=(msgspec.msgpack.encode(self.launch),), name="omni-tts-aligner",
+            daemon=True)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as the TTS stages (supervisor.py)
         try:
             process.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if self._command is not None:
-            self._command.close(linger=0)
-        self._command = self._ctx.socket(zmq.PUSH)
-        self._command.setsockopt(zmq.LINGER, 0)
-        self._command.connect(command_address)
-        self._process, self._ready = process, asyncio.get_running_loop().create_future()
+        self._connect()
+        if self._ready.done():
+            self._ready = asyncio.get_running_loop().create_future()
+        self._process = process
         asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, process)
         await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
         self.down_reason, self._failures, self._started = None, 0, True
         logger.info("forced aligner ready (pid %d, %s)", process.pid, self.config.device)
+
+    def _connect(self) -> None:
+        if self._command is not None:
+            self._command.close(linger=0)
+        self._command = self._ctx.socket(zmq.PUSH)
+        self._command.setsockopt(zmq.LINGER, 0)
+        self._command.connect(self.launch.command_address)
+
+    def _watch_host(self, pid: int) -> None:
+        """Hosted: the aligner thread of code2wav's process `pid` is ready; that process's exit is watched."""
+        self._unwatch_host()
+        fd = os.pidfd_open(pid)
+        self._host = (pid, fd)
+        asyncio.get_running_loop().add_reader(fd, self._on_host_exit)
+        self.down_reason, self._started = None, True
+        logger.info("forced aligner ready (a thread of code2wav's process %d, %s)", pid, self.config.device)
+
+    def _unwatch_host(self) -> None:
+        if self._host is not None:
+            asyncio.get_running_loop().remove_reader(self._host[1])
+            os.close(self._host[1])
+            self._host = None
+
+    def _on_host_exit(self) -> None:
+        pid = self._host[0]
+        self._unwatch_host()
+        self.down_reason = (f"code2wav's process {pid}, which runs the aligner, exited; the aligner comes back when "
+                            "the pipeline restarts")
+        self._fail_pending(self.down_reason)
 
     async def _read_events(self) -> None:
         decoder = msgspec.msgpack.Decoder(AlignerEvent)
@@ -155,9 +199,16 @@ class AlignerClient:
             elif isinstance(event, Ready):
                 if self._ready is not None and not self._ready.done():
                     self._ready.set_result(event.pid)
+                if self.hosted:
+                    self._watch_host(event.pid)
             elif isinstance(event, StageFailed):
                 self._last_failure = event.message
                 logger.error("forced aligner stage failed: %s\n%s", event.message, event.error)
+                if self.hosted:  # the thread ended; code2wav's process goes on
+                    self.down_reason = f"the aligner failed ({event.message})"
+                    self._fail_pending(self.down_reason)
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_exception(RuntimeError(f"the forced aligner did not load: {event.message}"))
 
     def _on_exit(self, process: multiprocessing.Process) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)

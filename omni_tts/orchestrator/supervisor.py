@@ -32,7 +32,7 @@ from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
-from omni_tts.stages.protocol import Shutdown, StageLaunch
+from omni_tts.stages.protocol import AlignerLaunch, Shutdown, StageLaunch
 
 from .types import StageDeadError
 
@@ -78,6 +78,7 @@ class StageSupervisor:
         self.batch_sizes = {"talker": min(talker.max_batch_size, talker.num_cache_rows),
                             "code2wav": code2wav.max_batch_size}
         self.stages: dict[str, StageProcess] = {}
+        self.hosted_aligner: AlignerLaunch | None = None   # the forced aligner code2wav's process runs beside it
         self.epoch = 0                      # counts pipeline starts: a request belongs to the one it entered
         self.down: str | None = None        # the stage (or "orchestrator") whose failure is being recovered from
         self.down_reason: str | None = None
@@ -231,6 +232,7 @@ class StageSupervisor:
                            chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
                            log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
                            enforce_eager=cfg.enforce_eager,
+                           aligner=self.hosted_aligner if name == "code2wav" else None,
                            **({"max_model_len": cfg.max_model_len,
                                "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
                                "max_text_tokens": cfg.max_text_tokens}

@@ -1,4 +1,5 @@
-"""The forced-aligner stage process: word times of finished audio, batched across requests, off the audio path.
+"""The forced-aligner stage: word times of finished audio, batched across requests, off the audio path; a process of
+its own (`main`), or a thread of code2wav's process (`start_thread`, placement `code2wav`).
 
 Commands arrive on a PULL socket (AlignSegment, Abort, Shutdown); each loop takes every waiting segment, up to
 `max_batch_size`, into one aligner call and answers each with a SegmentAligned. A segment the aligner cannot take
@@ -11,6 +12,8 @@ import collections
 import logging
 import os
 import signal
+import threading
+import traceback
 
 import msgspec
 import numpy as np
@@ -22,7 +25,8 @@ from omni_tts.log import configure_logging
 from omni_tts.models.qwen3_forced_aligner.aligner import AlignItem, ForcedAligner
 
 from .common import fail_process, name_process
-from .protocol import Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown
+from .protocol import (Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown,
+                       StageFailed)
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +44,7 @@ def main(launch_bytes: bytes) -> None:
     if launch.device == "cpu":
         os.nice(ALIGNER_NICENESS)
     set_torch_threads(launch.threads)
-    ctx = zmq.Context()
-    commands = ctx.socket(zmq.PULL)
-    commands.bind(launch.command_address)
-    events = ctx.socket(zmq.PUSH)
-    events.setsockopt(zmq.LINGER, 1000)
-    events.connect(launch.event_address)
+    commands, events = _sockets(zmq.Context(), launch)
     try:
         aligner = ForcedAligner(launch.model_dir, launch.device, getattr(torch, launch.dtype))
         events.send(msgspec.msgpack.encode(Ready(launch.stage, os.getpid())))
@@ -53,6 +52,38 @@ def main(launch_bytes: bytes) -> None:
         os._exit(0)
     except BaseException as e:
         fail_process(launch, e)
+
+
+def start_thread(launch: AlignerLaunch) -> threading.Thread:
+    """The aligner on a thread of the calling stage process (placement `code2wav`): its own sockets, the process's
+    device and torch threads. Its failure is reported (StageFailed "aligner") and ends only the thread: the stage's
+    audio goes on; the aligner comes back when the pipeline restarts the process."""
+    def run() -> None:
+        ctx = zmq.Context()
+        commands, events = _sockets(ctx, launch)
+        try:
+            aligner = ForcedAligner(launch.model_dir, launch.device, getattr(torch, launch.dtype))
+            events.send(msgspec.msgpack.encode(Ready(launch.stage, os.getpid())))
+            _serve(aligner, launch, commands, events, os.getppid())
+        except Exception as e:  # noqa: BLE001 - reported, and the thread ends
+            logger.exception("aligner thread failed")
+            events.send(msgspec.msgpack.encode(StageFailed(launch.stage, traceback.format_exc(),
+                                                           f"{type(e).__name__}: {e}")))
+        finally:
+            ctx.destroy(linger=1000)
+
+    thread = threading.Thread(target=run, name="omni-tts-aligner", daemon=True)
+    thread.start()
+    return thread
+
+
+def _sockets(ctx: zmq.Context, launch: AlignerLaunch) -> tuple[zmq.Socket, zmq.Socket]:
+    commands = ctx.socket(zmq.PULL)
+    commands.bind(launch.command_address)
+    events = ctx.socket(zmq.PUSH)
+    events.setsockopt(zmq.LINGER, 1000)
+    events.connect(launch.event_address)
+    return commands, events
 
 
 def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, events: zmq.Socket,

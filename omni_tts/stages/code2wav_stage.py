@@ -24,6 +24,7 @@ from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine, measure_
 from omni_tts.engine.code2wav_runner import Code2WavRunner
 from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
+from . import aligner_stage
 from .common import StageIO, run_stage
 from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram, GetStats,
                        Ready, Register, Shutdown, StageLaunch, StageStats)
@@ -47,6 +48,8 @@ class Code2WavStage:
         logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
                     "measured" if launch.frame_budget is None else "configured", launch.lanes)
         self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes, runner)
+        if launch.aligner is not None:  # placement code2wav: the forced aligner beside the decoder
+            aligner_stage.start_thread(launch.aligner)
         self.condition = condition or threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.reader = reader or chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the loop

@@ -172,6 +172,19 @@ StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | Sta
 AlignerEvent = Ready | SegmentAligned | StageFailed
 
 
+class AlignerLaunch(msgspec.Struct):
+    """What the aligner stage process needs."""
+    stage: str                       # "aligner"
+    model_dir: str
+    device: str
+    dtype: str
+    threads: int
+    max_batch_size: int
+    command_address: str             # the stage binds a PULL here
+    event_address: str               # the orchestrator's PULL; the stage connects a PUSH
+    log_level: int = 20
+
+
 class StageLaunch(msgspec.Struct):
     """Everything a stage process needs; passed as msgpack bytes to the spawned process."""
     stage: str                       # "talker" | "code2wav"
@@ -192,16 +205,5 @@ class StageLaunch(msgspec.Struct):
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     frame_budget: int | None = None  # code2wav: frames per decoder call (each lane's); None = measured at start
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
+    aligner: AlignerLaunch | None = None   # code2wav: the forced aligner to run on a thread of its process
 
-
-class AlignerLaunch(msgspec.Struct):
-    """What the aligner stage process needs."""
-    stage: str                       # "aligner"
-    model_dir: str
-    device: str
-    dtype: str
-    threads: int
-    max_batch_size: int
-    command_address: str             # the stage binds a PULL here
-    event_address: str               # the orchestrator's PULL; the stage connects a PUSH
-    log_level: int = 20

@@ -13,7 +13,7 @@ import soundfile as sf
 from conftest import FIXTURES
 from omni_tts.config import STAGE_CONFIG_DIR
 from omni_tts.models.qwen3_forced_aligner.words import split_words
-from server_util import ServerProcess, request, ws_utterance
+from server_util import ServerProcess, request, stage_pids, ws_utterance
 from test_server import parse_sse
 
 ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
@@ -174,3 +174,29 @@ def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
     assert result["words"] is None and "exited" in result["timestamps_unavailable"]
     assert sf.info(io.BytesIO(base64.b64decode(result["audio"]))).duration > 0
     wait_for(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, "aligner restarted")
+
+
+def test_beside_code2wav_the_aligner_lives_and_restarts_with_its_process(tmp_path):
+    """Placement code2wav: a thread of code2wav's process, not a process of its own; when that process dies the
+    pipeline's restart brings the aligner back with it."""
+    yaml = tmp_path / "stages.yaml"
+    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text() + "\naligner:\n  placement: code2wav\n")
+    hosted = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
+                           "--stage-config", str(yaml))
+    try:
+        status = aligner_status(hosted)
+        assert status["ready"] and status["placement"] == "code2wav"
+        code2wav = status["pid"]
+        pids = stage_pids(hosted.proc.pid)
+        assert code2wav in pids and len(pids) == 2   # talker and code2wav: no aligner process
+        _, headers, _ = speak(hosted, response_format="wav")
+        words = json.loads(headers["x-word-timestamps"])
+        check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in words], TEXT,
+                    float(headers["x-omni-tts-audio-seconds"]))
+        os.kill(code2wav, signal.SIGKILL)
+        wait_for(lambda: (s := aligner_status(hosted))["ready"] and s["pid"] != code2wav, "aligner back with code2wav")
+        wait_for(lambda: request(hosted.url + "/health")[0] == 200, "pipeline healthy")
+        status_code, headers, _ = speak(hosted, response_format="wav")
+        assert status_code == 200 and "x-word-timestamps" in headers
+    finally:
+        hosted.stop()

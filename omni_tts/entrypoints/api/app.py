@@ -15,7 +15,6 @@ from aiohttp import web
 from omni_tts.entrypoints.names import VoiceNames
 from omni_tts.entrypoints.openapi import openapi_routes
 from omni_tts.entrypoints.playground import playground_routes
-from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.orchestrator.client_protocol import TTSClient
 
 from .access_log import send_request_id
@@ -48,8 +47,8 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
         if owns_engine:
             await engine.start()
         state = app[STATE] = ServerState(engine, config, voice_names, in_flight)
-        if config.forced_aligner_dir is not None:
-            state.aligner = AlignerClient(config.forced_aligner_dir, config.aligner_stage)
+        if config.aligner is not None:
+            state.aligner = config.aligner
             await state.aligner.start()
         yield
         if state.aligner is not None:

@@ -1,10 +1,10 @@
 """What the API server is told at start-up (`omni-tts serve` builds it from its options)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from omni_tts.audio.url_fetch import UrlPolicy
-from omni_tts.config.stage_config import AlignerStageConfig
+from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.entrypoints.names import accepted_model_names
 from omni_tts.entrypoints.voices import QUOTA_BYTES
 from omni_tts.entrypoints.voices_manifest import VoiceManifest
@@ -28,8 +28,8 @@ class ServerConfig:
     body_read_timeout: float = 30.0            # seconds for a request body to arrive; beyond → 408
     first_audio_timeout: float = 120.0         # seconds from admission to first audio; beyond → 503 (overloaded)
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
-    forced_aligner_dir: str | None = None      # a Qwen3-ForcedAligner checkpoint: word_timestamps; None: refused
-    aligner_stage: AlignerStageConfig = field(default_factory=AlignerStageConfig)   # the stage YAML's `aligner`
+    aligner: AlignerClient | None = None       # the forced aligner (word_timestamps), started with the app; None:
+                                               # the field is refused
     stream_idle_timeout: float = 30.0          # WS /v1/audio/speech/stream: seconds between messages, and of a
                                                # token-mode request without text, beyond which the session ends
 
