@@ -34,7 +34,7 @@ from omni_tts.stages.protocol import (
     StageFailed,
 )
 
-from .supervisor import stop_process, exit_description
+from .processes import exit_description, stop_process
 
 logger = logging.getLogger(__name__)
 

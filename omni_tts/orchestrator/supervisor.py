@@ -34,6 +34,7 @@ from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.protocol import AlignerLaunch, Shutdown, StageLaunch
 
+from .processes import exit_description, stop_process
 from .types import StageDeadError
 
 logger = logging.getLogger(__name__)
@@ -381,22 +382,3 @@ def check_devices(pipeline: PipelineConfig) -> None:
         raise ValueError("; ".join(f"device {device} of stage {', '.join(names)} does not exist"
                                    for device, names in missing.items()) + f" (torch sees {found})")
 
-
-def exit_description(process: multiprocessing.Process) -> str:
-    """How a stage process ended, for a failure reason: `exited with status N`, `killed by signal SIGKILL`."""
-    code = process.exitcode
-    if code is None:  # its sentinel can close a moment before the exit status is there to collect
-        return f"process {process.pid} exited"
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
-    return f"exited with status {code}"
-
-
-def stop_process(process: multiprocessing.Process) -> None:
-    process.join(5)
-    if process.is_alive():
-        process.terminate()
-        process.join(3)
-    if process.is_alive():
-        process.kill()
-        process.join()
