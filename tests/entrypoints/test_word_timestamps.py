@@ -75,14 +75,20 @@ def test_json_body_has_audio_words_and_characters(server):
     assert status == 200 and json.loads(body)["format"] == "flac"
 
 
-def test_sse_sends_a_timestamps_event_before_done(server):
+def test_sse_sends_a_timestamps_event_per_sentence_before_done(server):
     status, _, body = speak(server, stream_format="sse", response_format="pcm")
     assert status == 200
     events = parse_sse(body)
     types = [e["type"] for e in events]
-    assert types[-2:] == ["speech.audio.timestamps", "speech.audio.done"]
+    assert types[-3:] == ["speech.audio.timestamps", "speech.audio.timestamps", "speech.audio.done"]
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
-    check_words([(w["word"], w["start"], w["end"]) for w in events[-2]["words"]], TEXT, len(pcm) / 2 / 24000)
+    sentences = events[-3:-1]
+    assert [e["sentence_index"] for e in sentences] == [0, 1]
+    assert " ".join(e["text"] for e in sentences) == TEXT
+    for event in sentences:
+        assert [w["word"] for w in event["words"]] == split_words(event["text"], None)
+    check_words([(w["word"], w["start"], w["end"]) for e in sentences for w in e["words"]], TEXT,
+                len(pcm) / 2 / 24000)
 
 
 def test_where_they_cannot_go_is_a_400(server):

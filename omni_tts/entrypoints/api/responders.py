@@ -22,7 +22,7 @@ from omni_tts.orchestrator.types import SpeechChunk
 from .access_log import SPEECH_LOG, request_id
 from .errors import REQUEST_ERRORS, api_error
 from .state import ServerState
-from .word_times import align_segment, header_fields
+from .word_times import align_segment, by_sentence, header_fields
 
 logger = logging.getLogger(__name__)
 
@@ -204,8 +204,10 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                     if speech.word_timestamps:
                         words = await align_segment(state, request_id(request), 0, delivered_audio(speech, spoken),
                                                     speech.input, speech.language)
-                        await send({"type": "speech.audio.timestamps", "segment": 0, "words": words.seconds_json()}
-                                   | ({"reason": words.reason} if words.reason is not None else {}))
+                        for index, (text, part) in enumerate(by_sentence(words, speech.input, speech.language)):
+                            await send({"type": "speech.audio.timestamps", "sentence_index": index, "text": text,
+                                        "words": part.seconds_json()}
+                                       | ({"reason": words.reason} if words.reason is not None else {}))
                     await send({"type": "speech.audio.done", "usage": usage_json(chunk)})
         except REQUEST_ERRORS as e:
             await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})

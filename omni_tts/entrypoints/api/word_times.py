@@ -8,12 +8,15 @@ words).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.entrypoints.text_splitter import TextSplitter
+from omni_tts.models.qwen3_forced_aligner.words import split_words
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.orchestrator.aligner_client import AlignerUnavailable
 
@@ -78,6 +81,22 @@ async def align_segment(state: ServerState, request_id: str, segment: int, audio
         return SegmentWords(None, str(e))
     return SegmentWords([(w, min(offset_ms + start, end_ms), min(offset_ms + end, end_ms))
                          for w, start, end in words])
+
+
+def by_sentence(result: SegmentWords, text: str, language: str | None) -> list[tuple[str, SegmentWords]]:
+    """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them); the
+    whole text at once where they cannot be (no words, or Japanese, whose segmenter runs in the aligner only)."""
+    hint = language_hint(language)
+    if result.words is None or (hint or "").lower() == "japanese":
+        return [(text, result)]
+    splitter = TextSplitter("sentence")
+    sentences = [*splitter.feed(text), *splitter.flush()]
+    counts = [len(split_words(sentence, hint)) for sentence in sentences]
+    if sum(counts) != len(result.words):
+        return [(text, result)]
+    cuts = [0, *itertools.accumulate(counts)]
+    return [(sentence, SegmentWords(result.words[start:end]))
+            for sentence, start, end in zip(sentences, cuts, cuts[1:]) if end > start]
 
 
 def language_hint(language: str | None) -> str | None:
