@@ -13,10 +13,13 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
+import logging
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from types import ModuleType
+
+logger = logging.getLogger(__name__)
 
 KOREAN_DICTIONARY = "korean_dict_jieba.dict.gz"
 
@@ -188,6 +191,8 @@ def _nagisa() -> ModuleType | None:
     try:
         import nagisa
     except ImportError:
+        logger.warning("Japanese words are cut one per kana or CJK character: nagisa, the reference's segmenter, is "
+                       "not installed (pip install 'omni_tts[ja]')")
         return None
     # loading DyNet turns on flush-to-zero / denormals-are-zero for the importing thread: every float comparison
     # with a denormal after it changes (msgspec's `gt=0.0` bound lets 0.0 through), so the mode is put back
