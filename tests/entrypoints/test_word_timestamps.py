@@ -121,16 +121,22 @@ def test_websocket_trailing_chunks_per_sentence_are_absolute(server):
                                           if e["type"] == "audio.done" and e["sentence_index"] == event["sentence_index"])
 
 
-def test_websocket_token_mode_gets_them_for_the_utterance(server):
+def test_websocket_token_mode_gets_them_sentence_by_sentence(server):
+    """One request speaks the utterance; its words come per sentence, each sentence once, in order, absolute."""
+    sentences = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog!", "See you soon."]
+    pieces = ["Hello world, ", "this is a test. The quick brown ", "fox jumps over the lazy dog! See you soon."]
     _, events = asyncio.run(ws_utterance(server.url, [
         {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
          "word_timestamps": True},
-        {"type": "input.text", "text": "Hello world, "}, {"type": "input.text", "text": "this is a test."},
-        {"type": "input.done"}]))
-    [trailing] = [e for e in events if e["type"] == "audio.chunk"]
+        *[{"type": "input.text", "text": piece} for piece in pieces], {"type": "input.done"}]))
+    assert events[-1]["type"] == "session.done"
+    trailing = [e for e in events if e["type"] == "audio.chunk"]
     [done] = [e for e in events if e["type"] == "audio.done"]
-    check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in trailing["timestamps"]],
-                "Hello world, this is a test.", done["total_bytes"] / 2 / 24000)
+    assert [e["sentence_index"] for e in trailing] == [0, 1, 2]
+    for event, sentence in zip(trailing, sentences):
+        assert [w["word"] for w in event["timestamps"]] == split_words(sentence, None)
+    check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for e in trailing for w in e["timestamps"]],
+                " ".join(sentences), done["total_bytes"] / 2 / 24000)
 
 
 def aligner_status(server) -> dict:

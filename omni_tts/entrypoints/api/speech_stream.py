@@ -51,7 +51,7 @@ from .errors import REQUEST_ERRORS, api_error
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
-from .word_times import TrailingTimestamps, check_word_timestamps
+from .word_times import ProgressiveTimestamps, TrailingTimestamps, check_word_timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +224,10 @@ class SpeechSession:
                     first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
     async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,
-                         sentence_text: Callable[[], str], admission: Admission) -> None:
-        """One request's audio.start, binary frames and audio.done."""
+                         sentence_text: Callable[[], str], admission: Admission,
+                         progressive: ProgressiveTimestamps | None = None) -> None:
+        """One request's audio.start, binary frames and audio.done; with word_timestamps, its words after it (a
+        token-mode request's sentence by sentence while it runs: `progressive`)."""
         config, started, total_bytes = self.config, time.monotonic(), 0
         start = {"type": "audio.start", "utterance_index": self.utterance_index, "sentence_index": sentence_index,
                  "format": config.response_format}
@@ -239,7 +241,9 @@ class SpeechSession:
             async for chunk in chunks:
                 if chunk.audio.size:
                     admission.first_audio()
-                    if self.timestamps is not None:
+                    if progressive is not None:
+                        progressive.feed(chunk.audio, sentence_text())
+                    elif self.timestamps is not None:
                         spoken.append(chunk.audio)
                     if encoder is None:
                         parts.append(chunk.audio)
@@ -263,7 +267,9 @@ class SpeechSession:
             await self.ws.send_bytes(data)
         await self.ws.send_json({"type": "audio.done", "utterance_index": self.utterance_index,
                                  "sentence_index": sentence_index, "total_bytes": total_bytes, "error": False})
-        if self.timestamps is not None:
+        if progressive is not None:
+            self.timestamps.add_progressive(progressive, sentence_text())
+        elif self.timestamps is not None:
             self.timestamps.add(self.utterance_index, sentence_index, delivered_audio(config, spoken),
                                 sentence_text())
 
@@ -300,8 +306,11 @@ class TokenUtterance:
         await self.stream.append(text)
 
     async def _send_audio(self, admission: Admission) -> None:
+        session = self.session
+        progressive = (ProgressiveTimestamps(session.timestamps, session.utterance_index)
+                       if session.timestamps is not None else None)
         try:
-            await self.session.send_audio(self.stream, 0, lambda: self.text, admission)
+            await session.send_audio(self.stream, 0, lambda: self.text, admission, progressive)
         except REQUEST_ERRORS as e:
             await self.session.fail(api_error(e).message)
             raise

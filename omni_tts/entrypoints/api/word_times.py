@@ -136,17 +136,26 @@ class TrailingTimestamps:
         self.last = task
         self.tasks.append(task)
 
+    def add_progressive(self, progressive: "ProgressiveTimestamps", text: str) -> None:
+        """A token-mode request ended: the words its progressive alignment has not confirmed, sentence by sentence."""
+        task = asyncio.create_task(progressive.finish(self.last, text))
+        self.last = task
+        self.tasks.append(task)
+
+    async def send_words(self, utterance_index: int, sentence_index: int, result: SegmentWords) -> None:
+        event = {"type": "audio.chunk", "utterance_index": utterance_index, "sentence_index": sentence_index,
+                 "timestamps": result.ms_json()}
+        if result.reason is not None:
+            event["reason"] = result.reason
+        await self.ws.send_json(event)
+
     async def _send(self, before: asyncio.Task | None, utterance_index: int, sentence_index: int,
                     audio: np.ndarray, text: str, offset_ms: int) -> None:
         result = await align_segment(self.state, f"{self.session_id}-{utterance_index}", sentence_index, audio, text,
                                      self.language, offset_ms)
         if before is not None:
             await before
-        event = {"type": "audio.chunk", "utterance_index": utterance_index, "sentence_index": sentence_index,
-                 "timestamps": result.ms_json()}
-        if result.reason is not None:
-            event["reason"] = result.reason
-        await self.ws.send_json(event)
+        await self.send_words(utterance_index, sentence_index, result)
 
     async def flush(self) -> None:
         """Every trailing event of the utterance sent (before its session.done); the next one starts at 0 ms."""
@@ -157,3 +166,84 @@ class TrailingTimestamps:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class ProgressiveTimestamps:
+    """Token mode: one request speaks the whole utterance, so its sentences' words are found while it runs. Whenever a
+    sentence of the text is complete beyond the confirmed ones, the audio since the last confirmed word is aligned
+    against the text not yet confirmed (all of it: speech not yet made is squeezed into the audio's end), and each
+    complete sentence whose last word ends CONFIRM_MARGIN_MS or more before that audio's end is confirmed and sent.
+    The request's end aligns the rest (`finish`). One alignment at a time; the events go out in sentence order."""
+
+    CONFIRM_MARGIN_MS = 1000
+
+    def __init__(self, trailing: TrailingTimestamps, utterance_index: int) -> None:
+        self.trailing, self.utterance_index = trailing, utterance_index
+        self.audio: list[np.ndarray] = []
+        self.cut = 0            # samples of the audio before the first unconfirmed word
+        self.text_cut = 0       # characters of the text in confirmed sentences
+        self.sentence_index = 0
+        self.step: asyncio.Task | None = None
+
+    def feed(self, audio: np.ndarray, text: str) -> None:
+        self.audio.append(audio)
+        if (self.step is None or self.step.done()) and _complete_sentences(text[self.text_cut:])[0]:
+            self.step = asyncio.create_task(self._confirm(text))
+            self.trailing.tasks.append(self.step)   # awaited before session.done, cancelled with the session
+
+    async def _confirm(self, text: str) -> None:
+        rest = text[self.text_cut:]
+        window = np.concatenate(self.audio)[self.cut:]
+        offset_ms = round(self.cut * 1000 / SAMPLE_RATE)
+        result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
+                                     self.trailing.language, offset_ms)
+        if result.words is None:
+            return
+        sentences, _ = _complete_sentences(rest)
+        limit_ms = offset_ms + round(window.shape[0] * 1000 / SAMPLE_RATE) - self.CONFIRM_MARGIN_MS
+        hint, words = language_hint(self.trailing.language), result.words
+        for sentence, span in sentences:
+            count = len(split_words(sentence, hint))
+            if count > len(words) or (count and words[count - 1][2] > limit_ms):
+                return
+            await self.trailing.send_words(self.utterance_index, self.sentence_index, SegmentWords(words[:count]))
+            self.sentence_index += 1
+            self.text_cut += span
+            if count:
+                self.cut = max(self.cut, words[count - 1][2] * SAMPLE_RATE // 1000)
+            words = words[count:]
+
+    async def finish(self, before: asyncio.Task | None, text: str) -> None:
+        if self.step is not None:
+            await self.step
+        if before is not None:
+            await before
+        rest = text[self.text_cut:]
+        if not rest.strip():
+            return
+        window = np.concatenate(self.audio)[self.cut:] if self.audio else np.zeros(0, np.float32)
+        result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
+                                     self.trailing.language, round(self.cut * 1000 / SAMPLE_RATE))
+        for _, part in by_sentence(result, rest, self.trailing.language):
+            await self.trailing.send_words(self.utterance_index, self.sentence_index, part)
+            self.sentence_index += 1
+
+    @property
+    def _request_id(self) -> str:
+        return f"{self.trailing.session_id}-{self.utterance_index}"
+
+
+def _complete_sentences(text: str) -> tuple[list[tuple[str, int]], int]:
+    """The complete sentences at the start of `text`, each with the characters it spans (trailing space included),
+    and the characters they span together."""
+    splitter = TextSplitter("sentence")
+    units = splitter.feed(text)
+    consumed = len(text) - len(splitter.buffer)
+    out, position = [], 0
+    for unit in units:
+        end = text.index(unit, position) + len(unit)
+        while end < consumed and text[end].isspace():
+            end += 1
+        out.append((unit, end - position))
+        position = end
+    return out, consumed
