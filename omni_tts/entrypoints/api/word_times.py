@@ -179,7 +179,8 @@ class ProgressiveTimestamps:
 
     def __init__(self, trailing: TrailingTimestamps, utterance_index: int) -> None:
         self.trailing, self.utterance_index = trailing, utterance_index
-        self.audio: list[np.ndarray] = []
+        self.audio: list[np.ndarray] = []   # the request's audio from sample `start` on
+        self.start = 0
         self.cut = 0            # samples of the audio before the first unconfirmed word
         self.text_cut = 0       # characters of the text in confirmed sentences
         self.sentence_index = 0
@@ -193,7 +194,7 @@ class ProgressiveTimestamps:
 
     async def _confirm(self, text: str) -> None:
         rest = text[self.text_cut:]
-        window = np.concatenate(self.audio)[self.cut:]
+        window = self._window()
         offset_ms = round(self.cut * 1000 / SAMPLE_RATE)
         result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
                                      self.trailing.language, offset_ms)
@@ -221,12 +222,19 @@ class ProgressiveTimestamps:
         rest = text[self.text_cut:]
         if not rest.strip():
             return
-        window = np.concatenate(self.audio)[self.cut:] if self.audio else np.zeros(0, np.float32)
+        window = self._window()
         result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
                                      self.trailing.language, round(self.cut * 1000 / SAMPLE_RATE))
         for _, part in by_sentence(result, rest, self.trailing.language):
             await self.trailing.send_words(self.utterance_index, self.sentence_index, part)
             self.sentence_index += 1
+
+    def _window(self) -> np.ndarray:
+        """The audio from the first unconfirmed word on; what came before is let go (memory stays with the
+        unconfirmed part, and no step copies the confirmed audio again)."""
+        audio = (np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32))[self.cut - self.start:]
+        self.audio, self.start = [audio], self.cut
+        return audio
 
     @property
     def _request_id(self) -> str:
