@@ -162,6 +162,12 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an admitted request may wait for its first audio before a 503")
     p.add_argument("--request-timeout", type=float, default=1800.0,
                    help="seconds a request may run before it is ended (504, or a cut stream)")
+    p.add_argument("--max-input-chars", type=int, default=200_000,
+                   help="the longest speech input, in characters; an input longer than one segment is narrated")
+    p.add_argument("--segment-chars", type=int, default=300,
+                   help="a narrated input's segments (one talker request each) hold at most this many characters")
+    p.add_argument("--narration-window", type=int, default=3,
+                   help="a narration's segments in flight at once, the one being delivered included")
     p.add_argument("--stream-idle-timeout", type=float, default=30.0,
                    help="WS /v1/audio/speech/stream: seconds without a message (or, in token mode, without text "
                         "for an unfinished utterance) before the session ends")
@@ -214,6 +220,11 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    from omni_tts.entrypoints.protocol import MAX_INPUT_CHARS
+    if not 1 <= args.max_input_chars <= MAX_INPUT_CHARS:
+        raise ValueError(f"--max-input-chars must be in 1..{MAX_INPUT_CHARS}, got {args.max_input_chars}")
+    if args.segment_chars < 20 or args.narration_window < 1:
+        raise ValueError("--segment-chars must be >= 20 and --narration-window >= 1")
     if args.voices_quota_mb < 1:
         raise ValueError(f"--voices-quota-mb must be >= 1, got {args.voices_quota_mb}")
     allowed_hosts = [h for entry in args.ref_audio_allowed_hosts for h in entry.split(",") if h.strip()]

@@ -155,7 +155,9 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         allowed_origins=tuple(args.allowed_origins),
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
-        stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields)
+        stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields,
+        max_input_chars=args.max_input_chars, segment_chars=args.segment_chars,
+        narration_window=args.narration_window)
 
 
 def run_server(listener: socket.socket, args: argparse.Namespace,

@@ -16,6 +16,7 @@ from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, JSON_RESPONSE,
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
+from .narration import narration_plan, open_narration
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
 from .synthesis import check_speech, open_speech
@@ -59,9 +60,12 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     if ignored:
         headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
+    segments = await narration_plan(state, speech, speech.input)
+    if segments is not None and speech.speed != 1.0:
+        raise ApiError(400, "speed must be 1.0 for a narrated input (longer than one segment)", "speed")
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body)
+        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body, segments)
 
 
 def _accepts_json_first(request: web.Request) -> bool:
@@ -71,11 +75,15 @@ def _accepts_json_first(request: web.Request) -> bool:
 
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
                  arrived: float, admission: Admission, headers: dict[str, str],
-                 json_body: bool) -> web.StreamResponse:
+                 json_body: bool, segments: list | None) -> web.StreamResponse:
     """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
-    async with open_speech(state, speech, voice, request_id(request), admission) as (first, stream):
+    if segments is None:
+        opened = open_speech(state, speech, voice, request_id(request), admission)
+    else:
+        opened = open_narration(state, speech, voice, segments, request_id(request), admission, log)
+    async with opened as (first, stream):
         if first.replica is not None:
             headers[REPLICA_HEADER] = first.replica
         log.ttfp = time.monotonic() - arrived

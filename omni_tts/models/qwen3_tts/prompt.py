@@ -141,6 +141,10 @@ class PromptBuilder:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+    def text_ids(self, text: str) -> list[int]:
+        """The text tokens `tokenize` takes from `text` (what max_text_tokens counts)."""
+        return split_template(self._encode(TEMPLATE_HEAD + strip_leading_newlines(text) + TEMPLATE_TAIL))[1]
+
     def tokenize(self, request: SynthesisRequest, text_open: bool = False) -> TalkerPrompt:
         """Validate the request against the checkpoint and tokenize it (voice features are filled in later).
         text_open: its text arrives later, in pieces (IncrementalTokenizer gives the role and text ids): the prompt

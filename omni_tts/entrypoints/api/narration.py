@@ -1,0 +1,106 @@
+"""A speech request's input longer than one segment is narrated (orchestrator/narration.py): cut into segments
+within the talker's limits, spoken as one stream. What the routes share: the plan, and the narration's stream
+opened as a single request's would be (`open_narration`)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+from omni_tts.entrypoints.names import VoiceChoice
+from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.orchestrator.narration import Narration, Pauses
+from omni_tts.orchestrator.segmenter import Segment, segment_text
+from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
+
+from .access_log import SpeechLog
+from .admission import Admission
+from .state import ServerState
+from .synthesis import build_synthesis_request
+
+RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this long for the pipeline to be back
+
+
+def plan_segments(state: ServerState, text: str) -> list[Segment]:
+    """The input's segments, each within the segment length and the talker's text-token limit (CPU work: call it
+    in the pool)."""
+    prompts = state.engine.prompts
+    limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
+
+    def fits(segment: str) -> bool:
+        return limit is None or len(prompts.text_ids(segment)) <= limit
+    return segment_text(text, max_chars=state.config.segment_chars, fits=fits)
+
+
+async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment] | None:
+    """The segments of a narrated input, or None for one that is one request (one segment, spoken from its start):
+    400 for a start_segment past the end."""
+    segments = await state.run(plan_segments, state, text)
+    if options.start_segment >= max(1, len(segments)):
+        raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
+                            f"({len(segments) - 1})", "start_segment")
+    return segments if len(segments) > 1 or options.start_segment > 0 else None
+
+
+def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
+    """Every segment is a whole text given at once: the non-streaming layout unless the request names one (the
+    streaming layout feeds one text token per frame, so a long text's track runs ahead of its speech)."""
+    if synthesis.non_streaming_mode is not None:
+        return synthesis
+    return dataclasses.replace(synthesis, non_streaming_mode=True)
+
+
+def designs_its_voice(state: ServerState) -> bool:
+    return state.engine.config.tts_model_type == "voice_design"
+
+
+@contextlib.asynccontextmanager
+async def open_narration(state: ServerState, options: SpeechOptions, voice: VoiceChoice, segments: list[Segment],
+                         request_id: str, admission: Admission, log: SpeechLog
+                         ) -> AsyncIterator[tuple[SpeechChunk, AsyncIterator[SpeechChunk]]]:
+    """`open_speech` for a narrated input: its first audio (an error before it is raised here) and the rest of its
+    chunks, the segments counted in `log`. However the caller's block ends, every segment in flight ends."""
+    synthesis, voice_version = await build_synthesis_request(state, options, voice, "")
+    if synthesis.ref_audio is not None and voice_version is None:
+        voice_version = f"narration-{request_id}"   # the clip's features made once for all its segments
+    config = state.config
+
+    def generate(request: SynthesisRequest, segment_id: str, return_codes: bool = False):
+        return state.engine.generate(request, request_id=segment_id, voice_version=voice_version,
+                                     initial_chunk_frames=options.initial_codec_chunk_frames,
+                                     first_audio_timeout=config.first_audio_timeout, timeout=config.request_timeout,
+                                     **({"return_codes": True} if return_codes else {}))  # TEMP until anchor merge
+
+    narration = Narration(generate, segment_template(synthesis), segments, request_id,
+                          window=config.narration_window,
+                          pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
+                          start_segment=options.start_segment, design_once=designs_its_voice(state),
+                          ready=lambda: wait_until_serving(state))
+    log.segments_total = len(segments) - options.start_segment
+    stream = _counted(narration.chunks(), log)
+    try:
+        first = await anext(stream)
+        admission.first_audio()
+        yield first, stream
+    finally:
+        await stream.aclose()
+
+
+async def _counted(chunks: AsyncIterator[SpeechChunk], log: SpeechLog) -> AsyncIterator[SpeechChunk]:
+    try:
+        async for chunk in chunks:
+            if isinstance(chunk.segment, SegmentEnd):
+                log.segments_done += 1
+            yield chunk
+    finally:
+        await chunks.aclose()
+
+
+async def wait_until_serving(state: ServerState) -> None:
+    """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RESTART_WAIT_S
+    while not state.engine.is_healthy and loop.time() < deadline and state.engine.fatal is None:
+        await asyncio.sleep(0.1)
