@@ -82,6 +82,7 @@ class _Run:
         narration = self.narration
         while True:
             self.attempts += 1
+            narration.on_event("started" if self.attempts == 1 else "retried")
             try:
                 request = await narration.request_for(self.segment, self.attempts - 1)
                 suffix = f"-s{self.segment.index}" + (f"-r{self.attempts - 1}" if self.attempts > 1 else "")
@@ -138,16 +139,19 @@ class Narration:
     """`segments` (all of the input's; the narration starts at `start_segment`) spoken with `template`'s voice and
     options; `generate(request, request_id, return_codes=...)` is the engine's. `design_once`: the template designs
     its voice (VoiceDesign): later segments clone segment 0's. `ready()`, when given, returns once the engine serves
-    again (awaited before a retry after a stage failure)."""
+    again (awaited before a retry after a stage failure). `on_event(name)` is told of each segment "started",
+    "retried" and "delivered" (whole)."""
 
     def __init__(self, generate: Generate, template: SynthesisRequest, segments: list[Segment], request_id: str,
                  window: int = 3, pauses: Pauses = Pauses(), start_segment: int = 0, design_once: bool = False,
-                 retry: bool = True, ready: Callable[[], Awaitable[None]] | None = None) -> None:
+                 retry: bool = True, ready: Callable[[], Awaitable[None]] | None = None,
+                 on_event: Callable[[str], None] | None = None) -> None:
         if not 0 <= start_segment < len(segments):
             raise ValueError(f"start_segment must lie in 0..{len(segments) - 1}")
         self.generate, self.template, self.segments = generate, template, segments
         self.request_id, self.window, self.pauses, self.retry = request_id, max(1, window), pauses, retry
         self.start_segment, self.ready = start_segment, ready
+        self.on_event = on_event or (lambda name: None)
         self.runs: dict[int, _Run] = {}
         self.current = start_segment        # the segment being delivered
         self.next_index = start_segment     # the next segment to start
@@ -223,6 +227,7 @@ class Narration:
                 pause = np.zeros(0 if last else round(self.pauses.after(segment) * SAMPLE_RATE), np.float32)
                 end = SegmentEnd(index, segment.text, start.audio_offset, samples / SAMPLE_RATE, item, run.attempts)
                 self.ends.append(end)
+                self.on_event("delivered")
                 delivered += samples + pause.shape[0]
                 yield SpeechChunk(pause, segment=end)
             yield SpeechChunk(np.zeros(0, np.float32), usage=narration_usage(self.ends, delivered / SAMPLE_RATE))

@@ -77,7 +77,8 @@ async def open_narration(state: ServerState, options: SpeechOptions, voice: Voic
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
                           start_segment=options.start_segment, design_once=designs_its_voice(state),
-                          ready=lambda: wait_until_serving(state))
+                          ready=lambda: wait_until_serving(state),
+                          on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log.segments_total = len(segments) - options.start_segment
     stream = _counted(narration.chunks(), log)
     try:

@@ -206,18 +206,18 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                 if isinstance(chunk.segment, SegmentStart):
                     await send({"type": "speech.segment", "index": chunk.segment.index, "total": chunk.segment.total,
                                 "text": chunk.segment.text, "audio_offset": round(chunk.segment.audio_offset, 6)})
+                if isinstance(chunk.segment, SegmentEnd):   # its audio is the pause after the segment
+                    await send({"type": "speech.segment.done"} | segment_json(chunk.segment))
+                    if timestamps is not None:
+                        await timestamps.end(chunk.segment.text, chunk.segment.audio_offset)
+                elif chunk.audio.size and timestamps is not None:
+                    timestamps.feed(chunk.audio)
                 if chunk.audio.size:
-                    if timestamps is not None and not isinstance(chunk.segment, SegmentEnd):   # not the pause
-                        timestamps.feed(chunk.audio)
                     data = pending + await encode_chunk(state, encoder, chunk.audio)
                     pending = b""
                     encoded = await state.run(base64.b64encode, data)
                     await send({"type": "speech.audio.delta", "audio": encoded.decode("ascii"),
                                 "response_format": speech.response_format})
-                if isinstance(chunk.segment, SegmentEnd):
-                    await send({"type": "speech.segment.done"} | segment_json(chunk.segment))
-                    if timestamps is not None:
-                        await timestamps.end(chunk.segment.text, chunk.segment.audio_offset)
                 if chunk.usage is not None:
                     tail = encoder.finish()
                     if tail:
