@@ -173,7 +173,8 @@ class AsyncTTS:
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
                                      f"the speech did not finish within {timeout:g} s")
-        stream = TextStream(self.client, self.processor, state, add, first_audio_timeout, idle_timeout)
+        ref_frames = 0 if request.ref_codes is None else len(request.ref_codes)
+        stream = TextStream(self.client, self.processor, state, add, ref_frames, first_audio_timeout, idle_timeout)
         stream.wait_for_text()
         return stream
 
@@ -223,8 +224,10 @@ class TextStream:
     """
 
     def __init__(self, client: StageClient, processor: InputProcessor, state: RequestState, add: AddRequest,
-                 first_audio_timeout: float | None, idle_timeout: float) -> None:
+                 ref_frames: int, first_audio_timeout: float | None, idle_timeout: float) -> None:
+        """ref_frames: the given ICL reference codes' frames (SynthesisRequest.ref_codes), which the prompt holds."""
         self.client, self.processor, self.state, self.add = client, processor, state, add
+        self.ref_frames = ref_frames
         self.first_audio_timeout, self.idle_timeout = first_audio_timeout, idle_timeout
         self.tokenizer = IncrementalTokenizer(processor.prompts.tokenizer)
         self.ids: list[int] = []       # role ids, then text ids, as they became final
@@ -289,7 +292,7 @@ class TextStream:
         prompt.role_ids, prompt.text_ids = split_template(self.ids, closed=False)
         new_text = prompt.text_ids[num_text:]
         try:
-            self.processor.prompts.check_fits(prompt)
+            self.processor.prompts.check_fits(prompt, self.ref_frames)
         except RequestError as e:
             raise self._fail(e) from None
         self.state.input_tokens = len(prompt.text_ids)

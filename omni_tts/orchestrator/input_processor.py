@@ -45,13 +45,16 @@ class InputProcessor:
                                                              f"got {initial_chunk_frames}")
         prompt = await self.tokenize(self.prompts.tokenize, request, text_open)
         sampling = self.resolve_sampling(request.sampling)
-        ref_audio = embedding = None
+        ref_audio = embedding = ref_codes = None
+        if request.ref_codes is not None:  # checked by tokenize: integers within the codebook
+            ref_codes = np.asarray(request.ref_codes, dtype=np.int32).tobytes()
         if request.speaker_embedding is not None:  # checked by tokenize: a Base checkpoint's x-vector
             embedding = np.asarray(request.speaker_embedding, dtype=np.float32).tobytes()
         elif self.config.tts_model_type == "base":
             ref_audio = await self._reference_audio(request.ref_audio)
         return AddRequest(request_id, prompt, sampling, token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
-                          ref_audio=ref_audio, speaker_embedding=embedding, initial_chunk_frames=initial_chunk_frames,
+                          ref_audio=ref_audio, speaker_embedding=embedding, ref_codes=ref_codes,
+                          initial_chunk_frames=initial_chunk_frames,
                           voice_version=voice_version if ref_audio is not None else None, text_open=text_open)
 
     async def tokenize(self, fn: Callable, *args: object):

@@ -126,10 +126,13 @@ class TalkerStage:
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open)
+        if m.ref_codes is not None:  # given ICL reference codes: the clip, if any, gives the x-vector alone
+            codes = np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups)
+            m.prompt.ref_codes = torch.from_numpy(codes.astype(np.int64))
         if m.speaker_embedding is not None:  # the x-vector itself: embed_prompt moves it to the talker's device
             m.prompt.speaker_embedding = torch.frombuffer(bytearray(m.speaker_embedding), dtype=torch.float32)
         elif m.ref_audio is not None:
-            cached = self.voice_cache.get(m.voice_version, icl=m.prompt.ref_text_ids is not None)
+            cached = self.voice_cache.get(m.voice_version, icl=m.prompt.wants_clip_codes)
             if cached is None:
                 self.voice_features.submit(FeatureJob(m))
                 return
