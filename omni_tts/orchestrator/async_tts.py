@@ -132,16 +132,19 @@ class AsyncTTS:
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        initial_chunk_frames: int | None = None, voice_version: str | None = None,
-                       first_audio_timeout: float | None = None,
-                       timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
+                       first_audio_timeout: float | None = None, timeout: float | None = None,
+                       return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
         initial_chunk_frames overrides the connector's first-chunk size for this request. voice_version names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
-        features under it, so the same version must never stand for other audio."""
+        features under it, so the same version must never stand for other audio. return_codes: the last chunk
+        carries the generated codes (`SpeechChunk.codes`), e.g. to clone this voice by ICL in a later request
+        (`SynthesisRequest.ref_codes`, with this request's text as ref_text)."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False)
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False,
+                                  return_codes=return_codes)
         state = self.client.add(add.request_id, len(add.prompt.text_ids))
         chunks = self.client.outputs(state)
         try:
@@ -193,11 +196,11 @@ class AsyncTTS:
         await self.client.abort(request_id)
 
     async def _prepare(self, request: SynthesisRequest, request_id: str | None, initial_chunk_frames: int | None,
-                       voice_version: str | None, text_open: bool) -> AddRequest:
+                       voice_version: str | None, text_open: bool, return_codes: bool = False) -> AddRequest:
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
-        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version)
+        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version, return_codes)
         self.supervisor.check_alive()
         self._check_new(rid)
         return add
