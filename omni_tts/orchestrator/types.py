@@ -73,5 +73,7 @@ class SpeechChunk:
     """A piece of a request's audio as the front end yields it."""
     audio: np.ndarray        # float32 or int16 samples at 24 kHz
     usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
+    codes: np.ndarray | None = None   # generate(return_codes=True), on the final chunk: the generated codes
+                                      # [output_frames, 16] int32 that the audio was decoded from (no EOS)
     replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk
     segment: SegmentStart | SegmentEnd | None = None   # a narration's progress
