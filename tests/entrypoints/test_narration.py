@@ -163,6 +163,7 @@ def test_what_a_narration_cannot_do_is_a_400(server, fields, param):
     assert status == 400 and json.loads(body)["error"]["param"] == param, body
 
 
+@pytest.mark.slow
 def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything():
     """A client that reads slowly: the narration never runs more than its window ahead of what went out, so what
     the server holds is bounded by the window, not the input; closing the connection mid-way ends every segment's
@@ -201,3 +202,58 @@ async def _slow_reader_then_disconnect(model_dir: str) -> None:
         stats = await state.engine.stats()
         assert all(not s.request_ids for s in stats.values()), stats
         assert count("delivered") < total
+
+
+def test_a_voice_design_narration_clones_its_first_segment_after_it():
+    """VoiceDesign: segment 0 designs the voice; every later segment the stage receives is an ICL clone of it
+    (segment 0's codes and text as the reference, the description kept), equal to that request made alone; a
+    narration resumed past segment 0 makes it again for the same voice."""
+    asyncio.run(_voice_design(str(FIXTURES / "tiny-voice-design")))
+
+
+async def _voice_design(model_dir: str) -> None:
+    import aiohttp
+
+    from omni_tts.audio.pcm import to_int16
+    from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+    from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+
+    text = " ".join(f"Chapter {i} begins where the road bends toward the sea." for i in range(12))
+    fields = dict(GREEDY, voice=None, instructions="A calm, low voice with a slight rasp.", input=text,
+                  response_format="json", max_new_tokens=6, sentence_pause_ms=0)
+    async with app_in_process(model_dir) as (url, state), aiohttp.ClientSession() as http:
+        async def narrate(**extra) -> tuple[list[dict], np.ndarray]:
+            async with http.post(url + "/v1/audio/speech", json=dict(fields, **extra)) as response:
+                assert response.status == 200, await response.text()
+                answer = await response.json()
+            with wave.open(io.BytesIO(base64.b64decode(answer["audio"]))) as w:
+                return answer["segments"], pcm_samples(w.readframes(w.getnframes()))
+
+        async def alone(index: int, **voice) -> tuple[np.ndarray, np.ndarray | None]:
+            request = SynthesisRequest(text=segments[index]["text"], instructions=fields["instructions"],
+                                       non_streaming_mode=True,
+                                       sampling=SamplingParams(temperature=0, max_new_tokens=6,
+                                                               seed=GREEDY["seed"] + index), **voice)
+            parts, codes = [], None
+            async for chunk in state.engine.generate(request, return_codes=index == 0):
+                parts.append(chunk.audio)
+                codes = chunk.codes if chunk.usage is not None else codes
+            return to_int16(np.concatenate(parts)), codes
+
+        segments, audio = await narrate()
+        assert len(segments) > 2
+        first, codes = await alone(0)
+        assert segments[0]["reference_frames"] == 0
+        assert all(s["reference_frames"] == codes.shape[0] for s in segments[1:])
+        for index, segment in enumerate(segments):
+            start = round(segment["audio_offset"] * 24000)
+            heard = audio[start:start + round(segment["duration"] * 24000)]
+            made, _ = (first, None) if index == 0 else await alone(
+                index, ref_codes=codes, ref_text=segments[0]["text"])
+            np.testing.assert_array_equal(heard, made)
+        designed_afresh, _ = await alone(1)   # without the clone, segment 1 would be a voice of its own
+        assert not np.array_equal(designed_afresh, audio[round(segments[1]["audio_offset"] * 24000):][
+            :designed_afresh.shape[0]])
+        tail_segments, tail = await narrate(start_segment=2)
+        np.testing.assert_array_equal(tail, audio[round(segments[2]["audio_offset"] * 24000):])
+        assert all(s["reference_frames"] == codes.shape[0] for s in tail_segments)

@@ -71,7 +71,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, voice: Voic
         return state.engine.generate(request, request_id=segment_id, voice_version=voice_version,
                                      initial_chunk_frames=options.initial_codec_chunk_frames,
                                      first_audio_timeout=config.first_audio_timeout, timeout=config.request_timeout,
-                                     **({"return_codes": True} if return_codes else {}))  # TEMP until anchor merge
+                                     return_codes=return_codes)
 
     narration = Narration(generate, segment_template(synthesis), segments, request_id,
                           window=config.narration_window,

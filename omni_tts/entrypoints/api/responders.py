@@ -49,7 +49,8 @@ async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]
 def segment_json(end: SegmentEnd) -> dict:
     """A narrated segment as the responses describe it (seconds)."""
     return {"index": end.index, "text": end.text, "audio_offset": round(end.audio_offset, 6),
-            "duration": round(end.duration, 6), "finish_reason": end.usage.finish_reason, "attempts": end.attempts}
+            "duration": round(end.duration, 6), "finish_reason": end.usage.finish_reason, "attempts": end.attempts,
+            "reference_frames": end.usage.reference_frames}
 
 
 def usage_json(chunk: SpeechChunk) -> dict:
