@@ -124,8 +124,8 @@ class SpeechBatchRequest(SpeechOptions):
 class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     """The first message (and again between utterances): the speech fields but `input`, plus how text is cut
     into requests. token: one request per utterance, its text growing while it runs (audio equal to the whole
-    text's in the streaming layout); sentence / clause: one request per sentence or clause; none: one request per
-    utterance, when it ends."""
+    text's in the streaming layout); sentence / clause: one request per sentence or clause; none: the utterance,
+    of any length, narrated when it ends (a request per segment, pipelined)."""
     response_format: ResponseFormat = "wav"
     split_granularity: Literal["token", "sentence", "clause", "none"] = "token"
     stream_audio: bool = False                # audio in binary frames as it is made, else whole per request

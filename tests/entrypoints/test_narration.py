@@ -257,3 +257,23 @@ async def _voice_design(model_dir: str) -> None:
         tail_segments, tail = await narrate(start_segment=2)
         np.testing.assert_array_equal(tail, audio[round(segments[2]["audio_offset"] * 24000):])
         assert all(s["reference_frames"] == codes.shape[0] for s in tail_segments)
+
+
+def test_a_websocket_utterance_in_none_mode_is_narrated_as_over_http(server, narrated):
+    """split_granularity none: the whole utterance at input.done, of any length; each segment is a "sentence" of the
+    protocol whose audio.done says where it lies; the binary audio is the HTTP narration's."""
+    from server_util import ws_utterance
+
+    config = {k: v for k, v in GREEDY.items()} | {"type": "session.config", "split_granularity": "none",
+                                                  "response_format": "pcm", "stream_audio": True}
+    pieces = [TEXT[i:i + 5000] for i in range(0, len(TEXT), 5000)]
+    audio, events = asyncio.run(ws_utterance(server.url, [config] + [{"type": "input.text", "text": p}
+                                                                     for p in pieces] + [{"type": "input.done"}]))
+    np.testing.assert_array_equal(pcm_samples(audio), narrated["samples"])
+    done = [e for e in events if e["type"] == "audio.done"]
+    assert [e["sentence_index"] for e in done] == list(range(len(narrated["segments"])))
+    assert [(e["audio_offset"], e["duration"]) for e in done] == \
+        [(s["audio_offset"], s["duration"]) for s in narrated["segments"]]
+    starts = [e for e in events if e["type"] == "audio.start"]
+    assert [e["sentence_text"] for e in starts] == [s["text"] for s in narrated["segments"]]
+    assert events[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": len(done)}

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
-from omni_tts.entrypoints.names import VoiceChoice
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.orchestrator.narration import Narration, Pauses
@@ -18,7 +17,6 @@ from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 from .access_log import SpeechLog
 from .admission import Admission
 from .state import ServerState
-from .synthesis import build_synthesis_request
 
 RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this long for the pipeline to be back
 
@@ -34,14 +32,18 @@ def plan_segments(state: ServerState, text: str) -> list[Segment]:
     return segment_text(text, max_chars=state.config.segment_chars, fits=fits)
 
 
-async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment] | None:
-    """The segments of a narrated input, or None for one that is one request (one segment, spoken from its start):
-    400 for a start_segment past the end."""
+async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment]:
+    """The input's segments: 400 for a start_segment past the end."""
     segments = await state.run(plan_segments, state, text)
     if options.start_segment >= max(1, len(segments)):
         raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
                             f"({len(segments) - 1})", "start_segment")
-    return segments if len(segments) > 1 or options.start_segment > 0 else None
+    return segments
+
+
+def is_narrated(options: SpeechOptions, segments: list[Segment]) -> bool:
+    """More than one segment, or a resumed one: a narration; else one request, as any short input."""
+    return len(segments) > 1 or options.start_segment > 0
 
 
 def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
@@ -57,12 +59,12 @@ def designs_its_voice(state: ServerState) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def open_narration(state: ServerState, options: SpeechOptions, voice: VoiceChoice, segments: list[Segment],
-                         request_id: str, admission: Admission, log: SpeechLog
-                         ) -> AsyncIterator[tuple[SpeechChunk, AsyncIterator[SpeechChunk]]]:
-    """`open_speech` for a narrated input: its first audio (an error before it is raised here) and the rest of its
-    chunks, the segments counted in `log`. However the caller's block ends, every segment in flight ends."""
-    synthesis, voice_version = await build_synthesis_request(state, options, voice, "")
+async def open_narration(state: ServerState, options: SpeechOptions, synthesis: SynthesisRequest,
+                         voice_version: str | None, segments: list[Segment], request_id: str, admission: Admission,
+                         log: SpeechLog | None = None) -> AsyncIterator[tuple[SpeechChunk, AsyncIterator[SpeechChunk]]]:
+    """`open_speech` for a narrated input (`synthesis`: its voice and options, built once for all its segments):
+    its first audio (an error before it is raised here) and the rest of its chunks, the segments counted in `log`.
+    However the caller's block ends, every segment in flight ends."""
     if synthesis.ref_audio is not None and voice_version is None:
         voice_version = f"narration-{request_id}"   # the clip's features made once for all its segments
     config = state.config
@@ -79,6 +81,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, voice: Voic
                           start_segment=options.start_segment, design_once=designs_its_voice(state),
                           ready=lambda: wait_until_serving(state),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
+    log = log or SpeechLog()
     log.segments_total = len(segments) - options.start_segment
     stream = _counted(narration.chunks(), log)
     try:

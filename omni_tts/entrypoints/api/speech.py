@@ -16,10 +16,10 @@ from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, JSON_RESPONSE,
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
-from .narration import narration_plan, open_narration
+from .narration import is_narrated, narration_plan, open_narration
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
-from .synthesis import check_speech, open_speech
+from .synthesis import build_synthesis_request, check_speech, open_speech
 from .word_times import check_word_timestamps
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     if ignored:
         headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
     segments = await narration_plan(state, speech, speech.input)
+    segments = segments if is_narrated(speech, segments) else None
     if segments is not None and speech.speed != 1.0:
         raise ApiError(400, "speed must be 1.0 for a narrated input (longer than one segment)", "speed")
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
@@ -82,7 +83,9 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
     if segments is None:
         opened = open_speech(state, speech, voice, request_id(request), admission)
     else:
-        opened = open_narration(state, speech, voice, segments, request_id(request), admission, log)
+        synthesis, voice_version = await build_synthesis_request(state, speech, voice, "")
+        opened = open_narration(state, speech, synthesis, voice_version, segments, request_id(request), admission,
+                                log)
     async with opened as (first, stream):
         if first.replica is not None:
             headers[REPLICA_HEADER] = first.replica
