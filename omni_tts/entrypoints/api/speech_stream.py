@@ -17,10 +17,11 @@ joined already, and the commit is only answered); `input.done` adds what was not
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
 first words; `audio.start` then carries the text received so far. `sentence` and `clause` make a request of each
-sentence or clause, one after another (text_splitter.py); `none` narrates the whole utterance at input.done, of any
-length up to --max-input-chars (narrated_utterance.py: each segment a "sentence", `start_segment` resumes it). Each request is admitted like an
-HTTP one (--max-queue), with the same validation (the config is a SpeechOptions); a session.config whose
-voice needs work (ref_audio to fetch or decode, an uploaded voice to load) takes a slot too while it is done.
+sentence or clause, one after another (orchestrator/text_splitter.py); `none` narrates the whole utterance at
+input.done, of any length up to --max-input-chars (narrated_utterance.py: each segment a "sentence",
+`start_segment` resumes it). Each request is admitted like an HTTP one (--max-queue), with the same validation (the
+config is a SpeechOptions); a session.config whose voice needs work (ref_audio to fetch or decode, an uploaded voice
+to load) takes a slot too while it is done.
 Limits: session.config within 10 s of the connection and at most `MAX_CONFIGS` times per connection, no message
 more than --stream-idle-timeout seconds apart, session.config at most 4 MiB (it may carry ref_audio), other
 messages at most 128 KiB, and the text of one request at most 4096 characters. With --api-key, a browser (which
@@ -41,9 +42,9 @@ from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
 from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
-from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .admission import Admission
