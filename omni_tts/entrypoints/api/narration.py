@@ -22,13 +22,16 @@ RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this lon
 
 
 def plan_segments(state: ServerState, text: str) -> list[Segment]:
-    """The input's segments, each within the segment length and the talker's text-token limit (CPU work: call it
-    in the pool)."""
+    """The input's segments, each within the segment length and the talker's text-token limit: one, the whole
+    input, when it is within them (CPU work: call it in the pool)."""
     prompts = state.engine.prompts
     limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
 
     def fits(segment: str) -> bool:
         return limit is None or len(prompts.text_ids(segment)) <= limit
+    whole = text.strip()
+    if len(whole) <= state.config.segment_chars and fits(whole):
+        return [Segment(0, whole, text.index(whole), text.index(whole) + len(whole), "end")] if whole else []
     return segment_text(text, max_chars=state.config.segment_chars, fits=fits)
 
 
