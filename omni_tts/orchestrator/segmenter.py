@@ -121,10 +121,13 @@ class _Packer:
             start = end
 
     def _edge(self, start: int, end: int) -> int:
-        """`end` moved back so that no combining mark (a Devanagari vowel sign, an accent) is cut from its letter."""
-        while end - 1 > start and end < len(self.text) and unicodedata.category(self.text[end])[0] == "M":
-            end -= 1
-        return end
+        """`end` moved back so that no combining mark (a Devanagari vowel sign, an accent) is cut from its letter;
+        kept where the whole run is one letter's marks (no letter to keep them with: cut at the limit)."""
+        edge = end
+        while edge - 1 > start and edge < len(self.text) and unicodedata.category(self.text[edge])[0] == "M":
+            edge -= 1
+        stuck = edge < len(self.text) and unicodedata.category(self.text[edge])[0] == "M"
+        return end if stuck else edge
 
 
 def _sentences(text: str) -> list[_Piece]:
