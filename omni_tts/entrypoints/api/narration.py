@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 
 from omni_tts.entrypoints.names import VoiceChoice
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.narration import Narration, Pauses
-from omni_tts.orchestrator.segmenter import Segment, segment_text
+from omni_tts.orchestrator.narration import Narration, Pauses, designs_its_voice, plan_segments, segment_template
+from omni_tts.orchestrator.segmenter import Segment
 from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .access_log import SpeechLog
@@ -23,37 +22,14 @@ from .synthesis import build_synthesis_request
 RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this long for the pipeline to be back
 
 
-def plan_segments(state: ServerState, text: str) -> list[Segment]:
-    """The input's segments, each within the segment length and the talker's text-token limit (CPU work: call it
-    in the pool)."""
-    prompts = state.engine.prompts
-    limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
-
-    def fits(segment: str) -> bool:
-        return limit is None or len(prompts.text_ids(segment)) <= limit
-    return segment_text(text, max_chars=state.config.segment_chars, fits=fits)
-
-
 async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment] | None:
     """The segments of a narrated input, or None for one that is one request (one segment, spoken from its start):
     400 for a start_segment past the end."""
-    segments = await state.run(plan_segments, state, text)
+    segments = await state.run(plan_segments, state.engine.prompts, text, state.config.segment_chars)
     if options.start_segment >= max(1, len(segments)):
         raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
                             f"({len(segments) - 1})", "start_segment")
     return segments if len(segments) > 1 or options.start_segment > 0 else None
-
-
-def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
-    """Every segment is a whole text given at once: the non-streaming layout unless the request names one (the
-    streaming layout feeds one text token per frame, so a long text's track runs ahead of its speech)."""
-    if synthesis.non_streaming_mode is not None:
-        return synthesis
-    return dataclasses.replace(synthesis, non_streaming_mode=True)
-
-
-def designs_its_voice(state: ServerState) -> bool:
-    return state.engine.config.tts_model_type == "voice_design"
 
 
 @contextlib.asynccontextmanager
@@ -76,7 +52,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, voice: Voic
     narration = Narration(generate, segment_template(synthesis), segments, request_id,
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
-                          start_segment=options.start_segment, design_once=designs_its_voice(state),
+                          start_segment=options.start_segment, design_once=designs_its_voice(state.engine.config),
                           ready=lambda: wait_until_serving(state),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log.segments_total = len(segments) - options.start_segment
