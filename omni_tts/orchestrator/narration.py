@@ -34,10 +34,12 @@ from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
+from .client_protocol import TTSClient
 from .segmenter import Segment, segment_text
 from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
+RESTART_WAIT_S = 60.0         # a segment's retry after a stage failure waits this long for the pipeline to be back
 RETRIED = (RequestFailed, StageDeadError)   # what a second try may get past (bad input fails the same way again)
 Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, return_codes=False): the engine's
 
@@ -73,6 +75,15 @@ def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
 def designs_its_voice(config: Qwen3TTSConfig) -> bool:
     """A VoiceDesign checkpoint designs the voice once, by segment 0 (`Narration(design_once=True)`)."""
     return config.tts_model_type == "voice_design"
+
+
+async def wait_until_serving(engine: TTSClient) -> None:
+    """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would): a
+    narration's `ready`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RESTART_WAIT_S
+    while not engine.is_healthy and loop.time() < deadline and engine.fatal is None:
+        await asyncio.sleep(0.1)
 
 
 def segment_seed(seed: int | None, index: int, attempt: int) -> int | None:

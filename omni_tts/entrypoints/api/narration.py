@@ -3,14 +3,14 @@ within the talker's limits, spoken as one stream. What the routes share: the pla
 opened as a single request's would be (`open_narration`)."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 from omni_tts.entrypoints.names import VoiceChoice
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.narration import Narration, Pauses, designs_its_voice, plan_segments, segment_template
+from omni_tts.orchestrator.narration import (Narration, Pauses, designs_its_voice, plan_segments, segment_template,
+                                             wait_until_serving)
 from omni_tts.orchestrator.segmenter import Segment
 from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
@@ -18,8 +18,6 @@ from .access_log import SpeechLog
 from .admission import Admission
 from .state import ServerState
 from .synthesis import build_synthesis_request
-
-RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this long for the pipeline to be back
 
 
 async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment] | None:
@@ -53,7 +51,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, voice: Voic
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
                           start_segment=options.start_segment, design_once=designs_its_voice(state.engine.config),
-                          ready=lambda: wait_until_serving(state),
+                          ready=lambda: wait_until_serving(state.engine),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log.segments_total = len(segments) - options.start_segment
     stream = _counted(narration.chunks(), log)
@@ -73,11 +71,3 @@ async def _counted(chunks: AsyncIterator[SpeechChunk], log: SpeechLog) -> AsyncI
             yield chunk
     finally:
         await chunks.aclose()
-
-
-async def wait_until_serving(state: ServerState) -> None:
-    """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RESTART_WAIT_S
-    while not state.engine.is_healthy and loop.time() < deadline and state.engine.fatal is None:
-        await asyncio.sleep(0.1)
