@@ -92,7 +92,7 @@ def _add_narrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the audio file; a partial one with its FILE.narration.json beside it "
                                                 "is resumed by the same command")
     p.add_argument("--format", choices=["mp3", "wav", "flac", "opus", "pcm"],
-                   help="default: from --out's extension (.ogg is opus, .raw is pcm); a cut flac or opus narration "
+                   help="(default: from --out's extension; .ogg is opus, .raw is pcm) a cut flac or opus narration "
                         "cannot be resumed, only restarted")
     p.add_argument("--restart", action="store_true", help="start again, ignoring a partial output")
     p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import os
 import signal
@@ -139,10 +140,20 @@ def _plan(engine: AsyncTTS, args: argparse.Namespace, sampling: SamplingParams, 
             args.voice, "ref_audio" if ref_audio is not None else None, lambda name: False)
     except ApiError as e:
         raise ValueError(f"--{(e.param or 'voice').replace('_', '-')}: {e.message}") from None
-    template = SynthesisRequest(text="", voice=voice.speaker, language=args.language,
-                                instructions=args.instructions, ref_audio=ref_audio, ref_text=args.ref_text,
-                                sampling=sampling)
-    return segment_template(template), plan_segments(engine.prompts, text, args.segment_chars)
+    template = segment_template(SynthesisRequest(
+        text="", voice=voice.speaker, language=args.language, instructions=args.instructions, ref_audio=ref_audio,
+        ref_text=args.ref_text, x_vector_only=ref_audio is not None and not args.ref_text, sampling=sampling))
+    segments = plan_segments(engine.prompts, text, args.segment_chars)
+    try:   # the request's checks, before the stages start and the file is touched
+        engine.prompts.tokenize(dataclasses.replace(template, text=segments[0].text))
+    except RequestError as e:
+        raise ValueError(option_error(e)) from None
+    return template, segments
+
+
+def option_error(error: RequestError) -> str:
+    """A request's error named by the option that gave the field."""
+    return f"--{error.param.replace('_', '-')}: {error}"
 
 
 def _narrate_to(engine: AsyncTTS, template: SynthesisRequest, segments: list[Segment], output: NarrationFile,
@@ -167,7 +178,7 @@ def _narrate_to(engine: AsyncTTS, template: SynthesisRequest, segments: list[Seg
         output.close()
         where = f"at segment {len(output.delivered)} of {len(segments)}"
         if isinstance(e, RequestError):
-            print_error(COMMAND, f"--{e.param.replace('_', '-')}: {e}" if e.param != "input" else f"{where}: {e}")
+            print_error(COMMAND, option_error(e) if e.param != "input" else f"{where}: {e}")
             return 2
         print_error(COMMAND, f"the narration stopped {where}: {e}; the same command again resumes it")
         return 1

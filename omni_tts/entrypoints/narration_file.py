@@ -116,7 +116,7 @@ class NarrationFile:
             raise ValueError(f"{self.sidecar} cannot be read ({e}); {RESTART_HINT}") from None
         if version != SIDECAR_VERSION or [d.index for d in delivered] != list(range(len(delivered))):
             raise ValueError(f"{self.sidecar} is not a sidecar this version writes; {RESTART_HINT}")
-        if identity != self.identity:
+        if identity != self.identity and delivered:   # nothing written whole: nothing to keep
             changed = [key for key in sorted(set(identity) | set(self.identity))
                        if identity.get(key) != self.identity.get(key)]
             what = "another input" if "text_sha256" in changed else "other options"

@@ -196,6 +196,7 @@ def test_a_cut_opus_narration_is_refused_not_resumed(tmp_path):
     (["--format", "wav"], "", "stdin holds no text to narrate"),
     ([], TEXT, "cannot tell the format from its extension"),
     (["--voice", "nobody"], TEXT, "--voice: unknown voice 'nobody'"),
+    (["--language", "Klingon"], TEXT, "--language: unsupported language 'Klingon'"),
     (["--temperature", "-1"], TEXT, "temperature must be "),
     (["--segment-chars", "5"], TEXT, "--segment-chars must be >= 20"),
     (["--model", "/nonexistent/model"], TEXT, "/nonexistent/model"),
