@@ -30,13 +30,16 @@ import msgspec
 import numpy as np
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
-from .segmenter import Segment
+from .client_protocol import TTSClient
+from .segmenter import Segment, segment_text
 from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
+RESTART_WAIT_S = 60.0         # a segment's retry after a stage failure waits this long for the pipeline to be back
 RETRIED = (RequestFailed, StageDeadError)   # what a second try may get past (bad input fails the same way again)
 Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, return_codes=False): the engine's
 
@@ -49,6 +52,42 @@ class Pauses:
 
     def after(self, segment: Segment) -> float:
         return {"sentence": self.sentence_s, "paragraph": self.paragraph_s}.get(segment.boundary, 0.0)
+
+
+def plan_segments(prompts: PromptBuilder, text: str, max_chars: int) -> list[Segment]:
+    """The input's segments, each within `max_chars` and the talker's text-token limit: one, the whole input, when
+    it is within them (CPU work: the tokenizer runs over every candidate segment)."""
+    limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
+
+    def fits(segment: str) -> bool:
+        return limit is None or len(prompts.text_ids(segment)) <= limit
+    whole = text.strip()
+    if whole and len(whole) <= max_chars and fits(whole):
+        start = text.index(whole)
+        return [Segment(0, whole, start, start + len(whole), "end")]
+    return segment_text(text, max_chars=max_chars, fits=fits)
+
+
+def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
+    """Every segment is a whole text given at once: the non-streaming layout unless the request names one (the
+    streaming layout feeds one text token per frame, so a long text's track runs ahead of its speech)."""
+    if synthesis.non_streaming_mode is not None:
+        return synthesis
+    return dataclasses.replace(synthesis, non_streaming_mode=True)
+
+
+def designs_its_voice(config: Qwen3TTSConfig) -> bool:
+    """A VoiceDesign checkpoint designs the voice once, by segment 0 (`Narration(design_once=True)`)."""
+    return config.tts_model_type == "voice_design"
+
+
+async def wait_until_serving(engine: TTSClient) -> None:
+    """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would): a
+    narration's `ready`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RESTART_WAIT_S
+    while not engine.is_healthy and loop.time() < deadline and engine.fatal is None:
+        await asyncio.sleep(0.1)
 
 
 def segment_seed(seed: int | None, index: int, attempt: int) -> int | None:

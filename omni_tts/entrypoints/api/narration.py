@@ -3,41 +3,24 @@ within the talker's limits, spoken as one stream. What the routes share: the pla
 opened as a single request's would be (`open_narration`)."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.narration import Narration, Pauses
-from omni_tts.orchestrator.segmenter import Segment, segment_text
+from omni_tts.orchestrator.narration import (Narration, Pauses, designs_its_voice, plan_segments, segment_template,
+                                             wait_until_serving)
+from omni_tts.orchestrator.segmenter import Segment
 from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .access_log import SpeechLog
 from .admission import Admission
 from .state import ServerState
 
-RESTART_WAIT_S = 60.0   # a segment's retry after a stage failure waits this long for the pipeline to be back
-
-
-def plan_segments(state: ServerState, text: str) -> list[Segment]:
-    """The input's segments, each within the segment length and the talker's text-token limit: one, the whole
-    input, when it is within them (CPU work: call it in the pool)."""
-    prompts = state.engine.prompts
-    limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
-
-    def fits(segment: str) -> bool:
-        return limit is None or len(prompts.text_ids(segment)) <= limit
-    whole = text.strip()
-    if len(whole) <= state.config.segment_chars and fits(whole):
-        return [Segment(0, whole, text.index(whole), text.index(whole) + len(whole), "end")] if whole else []
-    return segment_text(text, max_chars=state.config.segment_chars, fits=fits)
-
 
 async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment]:
-    """The input's segments: 400 for a start_segment past the end."""
-    segments = await state.run(plan_segments, state, text)
+    """The input's segments (one, the whole input, when it is within one): 400 for a start_segment past the end."""
+    segments = await state.run(plan_segments, state.engine.prompts, text, state.config.segment_chars)
     if options.start_segment >= max(1, len(segments)):
         raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
                             f"({len(segments) - 1})", "start_segment")
@@ -47,18 +30,6 @@ async def narration_plan(state: ServerState, options: SpeechOptions, text: str) 
 def is_narrated(options: SpeechOptions, segments: list[Segment]) -> bool:
     """More than one segment, or a resumed one: a narration; else one request, as any short input."""
     return len(segments) > 1 or options.start_segment > 0
-
-
-def segment_template(synthesis: SynthesisRequest) -> SynthesisRequest:
-    """Every segment is a whole text given at once: the non-streaming layout unless the request names one (the
-    streaming layout feeds one text token per frame, so a long text's track runs ahead of its speech)."""
-    if synthesis.non_streaming_mode is not None:
-        return synthesis
-    return dataclasses.replace(synthesis, non_streaming_mode=True)
-
-
-def designs_its_voice(state: ServerState) -> bool:
-    return state.engine.config.tts_model_type == "voice_design"
 
 
 @contextlib.asynccontextmanager
@@ -81,8 +52,8 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
     narration = Narration(generate, segment_template(synthesis), segments, request_id,
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
-                          start_segment=options.start_segment, design_once=designs_its_voice(state),
-                          ready=lambda: wait_until_serving(state),
+                          start_segment=options.start_segment, design_once=designs_its_voice(state.engine.config),
+                          ready=lambda: wait_until_serving(state.engine),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log = log or SpeechLog()
     log.segments_total = len(segments) - options.start_segment
@@ -103,11 +74,3 @@ async def _counted(chunks: AsyncIterator[SpeechChunk], log: SpeechLog) -> AsyncI
             yield chunk
     finally:
         await chunks.aclose()
-
-
-async def wait_until_serving(state: ServerState) -> None:
-    """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RESTART_WAIT_S
-    while not state.engine.is_healthy and loop.time() < deadline and state.engine.fatal is None:
-        await asyncio.sleep(0.1)
