@@ -60,7 +60,9 @@ def plan_segments(prompts: PromptBuilder, text: str, max_chars: int) -> list[Seg
     limit = prompts.limits.max_text_tokens if prompts.limits is not None else None
 
     def fits(segment: str) -> bool:
-        return limit is None or len(prompts.text_ids(segment)) <= limit
+        # a byte-level BPE token covers one byte or more: a text of at most `limit` bytes fits untokenized (the
+        # tokenizer over every candidate would cost a long input's first audio tens of milliseconds)
+        return limit is None or len(segment.encode()) <= limit or len(prompts.text_ids(segment)) <= limit
     whole = text.strip()
     if whole and len(whole) <= max_chars and fits(whole):
         start = text.index(whole)

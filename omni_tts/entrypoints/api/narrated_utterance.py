@@ -4,22 +4,33 @@ it, audio.done with its offset and duration), the segments pipelined as an HTTP 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.protocol import ApiError, SessionConfig
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .admission import Admission
 from .narration import narration_plan, open_narration
 from .responders import record_usage
+from .state import ServerState
 
-if TYPE_CHECKING:
-    from .speech_stream import SpeechSession
+
+class Session(Protocol):
+    """What a narrated utterance needs of its WebSocket session (speech_stream.SpeechSession)."""
+    state: ServerState
+    config: SessionConfig
+    template: SynthesisRequest
+    voice_version: str | None
+    utterance_index: int
+
+    async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,
+                         sentence_text: Callable[[], str], admission: Admission) -> None: ...
 
 
 class NarratedUtterance:
-    def __init__(self, session: SpeechSession) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.text = ""
 
