@@ -60,6 +60,8 @@ def prepare(tts: Qwen3TTS, request: SynthesisRequest, token_cap_floor: int | Non
     """Tokenize, resolve sampling, add Base voice features and embed: RequestError names the offending field.
     token_cap_floor None disables the text-length cap on the token limit (`token_limit`)."""
     prompt = tts.tokenize(request)
+    if request.ref_codes is not None:  # given ICL reference codes (tokenize checked them)
+        prompt.ref_codes = torch.from_numpy(np.asarray(request.ref_codes, dtype=np.int64))
     try:
         sampling = resolve_sampling(request.sampling, tts.generation_config)
     except SamplingError as e:

@@ -1,4 +1,5 @@
-"""`omni-tts` command line: the OpenAI-compatible server, offline synthesis and random-weight checkpoints."""
+"""`omni-tts` command line: the OpenAI-compatible server, offline synthesis and narration, and random-weight
+checkpoints."""
 from __future__ import annotations
 
 import argparse
@@ -84,6 +85,41 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     _add_log_level(p, "warning")
 
 
+def _add_narrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("narrate", help="narrate a text of any length into one audio file, resumable",
+                       formatter_class=_HelpFormatter)
+    p.add_argument("file", metavar="FILE.txt", help="the text (UTF-8); - reads stdin. Blank lines end paragraphs")
+    p.add_argument("--out", required=True, help="the audio file; a partial one with its FILE.narration.json beside it "
+                                                "is resumed by the same command")
+    p.add_argument("--format", choices=["mp3", "wav", "flac", "opus", "pcm"],
+                   help="(default: from --out's extension; .ogg is opus, .raw is pcm) a cut flac or opus narration "
+                        "cannot be resumed, only restarted")
+    p.add_argument("--restart", action="store_true", help="start again, ignoring a partial output")
+    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
+                                          "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
+    p.add_argument("--voice", help="CustomVoice speaker or OpenAI voice name (default: the checkpoint's first speaker)")
+    p.add_argument("--language", help="e.g. English, Chinese; default Auto")
+    p.add_argument("--instructions", help="how to speak; VoiceDesign: the voice's description, designed once")
+    p.add_argument("--ref-audio", help="Base: the reference clip to clone the voice of")
+    p.add_argument("--ref-text", help="transcript of --ref-audio (ICL cloning; without it, the speaker embedding only)")
+    checkpoint = "(default: the checkpoint's generation_config.json)"
+    p.add_argument("--temperature", type=float, help=f"0 = greedy {checkpoint}")
+    p.add_argument("--top-k", type=int, help=checkpoint)
+    p.add_argument("--top-p", type=float, help=checkpoint)
+    p.add_argument("--repetition-penalty", type=float, help=checkpoint)
+    p.add_argument("--seed", type=int, help="segment i samples with seed + i (default: a seed drawn from the input's "
+                                            "hash)")
+    p.add_argument("--max-new-tokens", type=int, help=f"per segment {checkpoint}")
+    p.add_argument("--sentence-pause-ms", type=int, default=250, help="silence after a segment that ends a sentence")
+    p.add_argument("--paragraph-pause-ms", type=int, default=750, help="silence after a paragraph")
+    p.add_argument("--segment-chars", type=int, default=300,
+                   help="segments (one talker request each) hold at most this many characters")
+    p.add_argument("--window", type=int, default=3, help="segments in flight at once, the one being written included")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_log_level(p, "warning")
+
+
 def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)",
                        formatter_class=_HelpFormatter)
@@ -162,6 +198,12 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an admitted request may wait for its first audio before a 503")
     p.add_argument("--request-timeout", type=float, default=1800.0,
                    help="seconds a request may run before it is ended (504, or a cut stream)")
+    p.add_argument("--max-input-chars", type=int, default=200_000,
+                   help="the longest speech input, in characters; an input longer than one segment is narrated")
+    p.add_argument("--segment-chars", type=int, default=300,
+                   help="a narrated input's segments (one talker request each) hold at most this many characters")
+    p.add_argument("--narration-window", type=int, default=3,
+                   help="a narration's segments in flight at once, the one being delivered included")
     p.add_argument("--stream-idle-timeout", type=float, default=30.0,
                    help="WS /v1/audio/speech/stream: seconds without a message (or, in token mode, without text "
                         "for an unfinished utterance) before the session ends")
@@ -214,6 +256,11 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    from omni_tts.entrypoints.protocol import MAX_INPUT_CHARS
+    if not 1 <= args.max_input_chars <= MAX_INPUT_CHARS:
+        raise ValueError(f"--max-input-chars must be in 1..{MAX_INPUT_CHARS}, got {args.max_input_chars}")
+    if args.segment_chars < 20 or args.narration_window < 1:
+        raise ValueError("--segment-chars must be >= 20 and --narration-window >= 1")
     if args.voices_quota_mb < 1:
         raise ValueError(f"--voices-quota-mb must be >= 1, got {args.voices_quota_mb}")
     allowed_hosts = [h for entry in args.ref_audio_allowed_hosts for h in entry.split(",") if h.strip()]
@@ -276,6 +323,12 @@ def _synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _narrate(args: argparse.Namespace) -> int:
+    from omni_tts.entrypoints.narrate import run
+
+    return run(args)
+
+
 def _make_tiny_model(args: argparse.Namespace) -> int:
     import torch
 
@@ -298,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_serve_ray(sub)
     _add_synthesize(sub)
+    _add_narrate(sub)
     _add_make_tiny_model(sub)
     return parser
 
@@ -315,7 +369,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     configure_logging(getattr(logging, args.log_level.upper()))
-    handlers = {"serve": _serve, "serve-ray": _serve_ray, "synthesize": _synthesize, "make-tiny-model": _make_tiny_model}
+    handlers = {"serve": _serve, "serve-ray": _serve_ray, "synthesize": _synthesize, "narrate": _narrate,
+                "make-tiny-model": _make_tiny_model}
     try:
         return handlers[args.command](args)
     except (ValueError, ConfigError, WeightsError, FileExistsError) as e:

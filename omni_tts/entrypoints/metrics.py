@@ -43,6 +43,9 @@ class ServerMetrics:
                                           "audio, divided by the audio's duration (below 1: faster than real time)",
                                           registry=r, buckets=_RTF_BUCKETS)
         self.audio_seconds = Counter("omni_tts_audio_seconds", "Audio produced", registry=r)
+        self.narration_segments = Counter(
+            "omni_tts_narration_segments", "Narrated inputs' segments: started (their request sent), delivered (their "
+            "audio handed to the response whole), retried (a second try after a failure)", ["event"], registry=r)
         self.waiting_for_text = Gauge(
             "omni_tts_talker_waiting_for_text", "Text-stream requests waiting for text: before their prefill "
             "(prefill: it needs the first text token; an ICL voice clone as many as its reference has frames), or "

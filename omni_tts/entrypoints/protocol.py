@@ -21,9 +21,13 @@ from omni_tts.entrypoints.voices import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHAR
                                         MAX_REF_TEXT_CHARS)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 
-# OpenAI's input limit, for every text field: it also bounds the tokenizer's time per request (one thread serves
-# all requests); the talker's limits in tokens are checked when the request is tokenized
+# OpenAI's input limit, for every text field but a speech request's input: it also bounds the tokenizer's time per
+# request (one thread serves all requests); the talker's limits in tokens are checked when the request is tokenized
 MAX_TEXT_CHARS = 4096
+# a speech request's input, narrated when longer than one segment: the server's --max-input-chars (default
+# 200,000) is checked against it, this bound only stops a body's string before it is decoded whole
+MAX_INPUT_CHARS = 4_000_000
+MAX_PAUSE_MS = 10_000
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
 ResponseFormat = Literal[FORMATS]
 JSON_RESPONSE = "json"
@@ -81,6 +85,11 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     non_streaming_mode: bool | None = None
     initial_codec_chunk_frames: InitialChunkFrames | None = None
     word_timestamps: bool = False   # each word's start and end (the forced aligner: --forced-aligner)
+    # a narrated input (longer than one segment): silence between its segments, and the segment it starts from (a
+    # cut narration resumed: the tail of the same audio)
+    sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = 250
+    paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = 750
+    start_segment: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     @property
     def voice_name(self) -> str | None:
@@ -90,8 +99,8 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
 
 class SpeechRequest(SpeechOptions, kw_only=True):
     """POST /v1/audio/speech. response_format `json`: one JSON body with the audio (WAV, base64) and, with
-    word_timestamps, its words' times."""
-    input: Text
+    word_timestamps, its words' times. An input longer than one segment is narrated (api/narration.py)."""
+    input: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)]
     response_format: Literal[(*FORMATS, JSON_RESPONSE)] = "mp3"
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool = False          # vllm-omni's switch: alone it means SSE; stream_format "audio" streams raw audio
@@ -115,8 +124,8 @@ class SpeechBatchRequest(SpeechOptions):
 class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     """The first message (and again between utterances): the speech fields but `input`, plus how text is cut
     into requests. token: one request per utterance, its text growing while it runs (audio equal to the whole
-    text's in the streaming layout); sentence / clause: one request per sentence or clause; none: one request per
-    utterance, when it ends."""
+    text's in the streaming layout); sentence / clause: one request per sentence or clause; none: the utterance,
+    of any length, narrated when it ends (a request per segment, pipelined)."""
     response_format: ResponseFormat = "wav"
     split_granularity: Literal["token", "sentence", "clause", "none"] = "token"
     stream_audio: bool = False                # audio in binary frames as it is made, else whole per request

@@ -78,18 +78,26 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
 def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
     """The checkpoint directory (downloaded or made if need be), the stage config's name and contents, and the
     served model names."""
+    from omni_tts.entrypoints.names import default_served_model_name
+
+    model_dir, stage_config, pipeline = load_pipeline(args)
+    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
+    return model_dir, stage_config, pipeline, names
+
+
+def load_pipeline(args: argparse.Namespace) -> tuple[str, str, PipelineConfig]:
+    """--model's checkpoint directory (downloaded or made if need be; the embedded tiny model by default), and
+    --stage-config's name and contents, for a process that drives the stages and only encodes audio itself."""
     import torch
 
     from omni_tts.config import load_stage_config, set_torch_threads
-    from omni_tts.entrypoints.names import default_served_model_name
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 
-    set_torch_threads(1)  # the API process only resamples and encodes; the cores belong to the stages
+    set_torch_threads(1)  # this process only resamples and encodes; the cores belong to the stages
     model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
-    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
-    return model_dir, stage_config, load_stage_config(stage_config), names
+    return model_dir, stage_config, load_stage_config(stage_config)
 
 
 def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient | None:
@@ -155,7 +163,9 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
         ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
         allowed_origins=tuple(args.allowed_origins),
         first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
-        stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields)
+        stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields,
+        max_input_chars=args.max_input_chars, segment_chars=args.segment_chars,
+        narration_window=args.narration_window)
 
 
 def run_server(listener: socket.socket, args: argparse.Namespace,

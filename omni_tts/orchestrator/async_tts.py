@@ -132,16 +132,19 @@ class AsyncTTS:
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        initial_chunk_frames: int | None = None, voice_version: str | None = None,
-                       first_audio_timeout: float | None = None,
-                       timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
+                       first_audio_timeout: float | None = None, timeout: float | None = None,
+                       return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
         initial_chunk_frames overrides the connector's first-chunk size for this request. voice_version names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
-        features under it, so the same version must never stand for other audio."""
+        features under it, so the same version must never stand for other audio. return_codes: the last chunk
+        carries the generated codes (`SpeechChunk.codes`), e.g. to clone this voice by ICL in a later request
+        (`SynthesisRequest.ref_codes`, with this request's text as ref_text)."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False)
+        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False,
+                                  return_codes=return_codes)
         state = self.client.add(add.request_id, len(add.prompt.text_ids))
         chunks = self.client.outputs(state)
         try:
@@ -173,7 +176,8 @@ class AsyncTTS:
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
                                      f"the speech did not finish within {timeout:g} s")
-        stream = TextStream(self.client, self.processor, state, add, first_audio_timeout, idle_timeout)
+        ref_frames = 0 if request.ref_codes is None else len(request.ref_codes)
+        stream = TextStream(self.client, self.processor, state, add, ref_frames, first_audio_timeout, idle_timeout)
         stream.wait_for_text()
         return stream
 
@@ -192,11 +196,11 @@ class AsyncTTS:
         await self.client.abort(request_id)
 
     async def _prepare(self, request: SynthesisRequest, request_id: str | None, initial_chunk_frames: int | None,
-                       voice_version: str | None, text_open: bool) -> AddRequest:
+                       voice_version: str | None, text_open: bool, return_codes: bool = False) -> AddRequest:
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
-        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version)
+        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version, return_codes)
         self.supervisor.check_alive()
         self._check_new(rid)
         return add
@@ -223,8 +227,10 @@ class TextStream:
     """
 
     def __init__(self, client: StageClient, processor: InputProcessor, state: RequestState, add: AddRequest,
-                 first_audio_timeout: float | None, idle_timeout: float) -> None:
+                 ref_frames: int, first_audio_timeout: float | None, idle_timeout: float) -> None:
+        """ref_frames: the given ICL reference codes' frames (SynthesisRequest.ref_codes), which the prompt holds."""
         self.client, self.processor, self.state, self.add = client, processor, state, add
+        self.ref_frames = ref_frames
         self.first_audio_timeout, self.idle_timeout = first_audio_timeout, idle_timeout
         self.tokenizer = IncrementalTokenizer(processor.prompts.tokenizer)
         self.ids: list[int] = []       # role ids, then text ids, as they became final
@@ -289,7 +295,7 @@ class TextStream:
         prompt.role_ids, prompt.text_ids = split_template(self.ids, closed=False)
         new_text = prompt.text_ids[num_text:]
         try:
-            self.processor.prompts.check_fits(prompt)
+            self.processor.prompts.check_fits(prompt, self.ref_frames)
         except RequestError as e:
             raise self._fail(e) from None
         self.state.input_tokens = len(prompt.text_ids)

@@ -62,8 +62,9 @@ class TTSClient(Protocol):
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_version: str | None = None,
-                 first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]: ...
+                 first_audio_timeout: float | None = None, timeout: float | None = None,
+                 return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
+        """return_codes: the last chunk carries the generated codes (AsyncTTS.generate)."""
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
                                initial_chunk_frames: int | None = None, voice_version: str | None = None,

@@ -125,10 +125,10 @@ class RayTTS:
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_chunk_frames: int | None = None, voice_version: str | None = None,
-                 first_audio_timeout: float | None = None,
-                 timeout: float | None = None) -> AsyncIterator[SpeechChunk]:
+                 first_audio_timeout: float | None = None, timeout: float | None = None,
+                 return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
-                       first_audio_timeout=first_audio_timeout, timeout=timeout)
+                       first_audio_timeout=first_audio_timeout, timeout=timeout, return_codes=return_codes)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,

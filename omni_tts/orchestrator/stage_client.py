@@ -44,6 +44,7 @@ class StageClient:
                  max_buffered_seconds: float = 60.0, **supervisor_options: object) -> None:
         """supervisor_options: StageSupervisor's (timeouts, restart limits, cpus)."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
+        self.num_code_groups = num_code_groups
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
                                           **supervisor_options)
         self.requests: dict[str, RequestState] = {}
@@ -250,5 +251,8 @@ class StageClient:
         usage = Usage(input_tokens=state.input_tokens, prompt_rows=done.num_prompt_rows,
                       reference_frames=done.num_reference_frames, output_frames=done.num_frames,
                       audio_seconds=state.num_samples / SAMPLE_RATE, finish_reason=done.finish_reason)
+        codes = None
+        if done.codes is not None:
+            codes = np.frombuffer(done.codes, dtype=np.int32).reshape(done.num_frames, self.num_code_groups)
         self._cancel_deadlines(state)
-        state.queue.put_nowait(SpeechChunk(np.zeros(0, np.float32), usage))
+        state.queue.put_nowait(SpeechChunk(np.zeros(0, np.float32), usage, codes))

@@ -9,8 +9,8 @@ import numpy as np
 
 from omni_tts.models.qwen3_tts.prompt import RequestError
 
-__all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SpeechChunk",
-           "StageDeadError", "Usage"]
+__all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SegmentEnd",
+           "SegmentStart", "SpeechChunk", "StageDeadError", "Usage"]
 
 
 class StageDeadError(RuntimeError):
@@ -48,9 +48,32 @@ class Usage:
     finish_reason: str       # "stop" | "length"
 
 
+@dataclass(frozen=True)
+class SegmentStart:
+    """A narration's segment begins (orchestrator/narration.py): on the chunk with its first audio."""
+    index: int
+    text: str
+    audio_offset: float      # seconds of the narration's audio before it
+    total: int | None        # the narration's segments, when known
+
+
+@dataclass(frozen=True)
+class SegmentEnd:
+    """A narration's segment is whole: on the chunk after its last audio, which holds the pause that follows it."""
+    index: int
+    text: str
+    audio_offset: float
+    duration: float          # seconds of its own audio (the pause not included)
+    usage: Usage             # its request's (finish_reason "length": cut at its token limit)
+    attempts: int            # 2 when its first try failed and a second one made it
+
+
 @dataclass
 class SpeechChunk:
     """A piece of a request's audio as the front end yields it."""
     audio: np.ndarray        # float32 or int16 samples at 24 kHz
     usage: Usage | None = None   # only on the final chunk (whose audio may be empty)
+    codes: np.ndarray | None = None   # generate(return_codes=True), on the final chunk: the generated codes
+                                      # [output_frames, 16] int32 that the audio was decoded from (no EOS)
     replica: str | None = None   # serve-ray: the replica that serves the request, on its first chunk
+    segment: SegmentStart | SegmentEnd | None = None   # a narration's progress

@@ -20,10 +20,12 @@ class AddRequest(msgspec.Struct, tag=True):
     max_tokens: int
     ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
     speaker_embedding: bytes | None = None   # Base, instead of ref_audio: the x-vector as float32 [enc_dim]
+    ref_codes: bytes | None = None   # ICL reference codes given as codes (int32 [T, num_code_groups]), not the clip's
     initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
     voice_version: str | None = None  # an uploaded voice's version (VoiceRecord.voice_version): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
                                      # the limit for the text so far
+    return_codes: bool = False       # its TalkerDone carries the generated codes
 
 
 class AppendText(msgspec.Struct, tag=True):
@@ -89,6 +91,7 @@ class TalkerDone(msgspec.Struct, tag=True):
     num_prompt_rows: int = 0
     num_reference_frames: int = 0    # an ICL voice clone's reference codes in the prompt (its audio input tokens)
     error: str | None = None
+    codes: bytes | None = None       # AddRequest.return_codes: the num_frames generated frames, int32 [T, groups]
 
 
 class VoiceEmbedding(msgspec.Struct, tag=True):

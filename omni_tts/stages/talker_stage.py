@@ -40,6 +40,7 @@ class TalkerStageRequest:
     num_prompt_rows: int = 0
     num_reference_frames: int = 0
     num_frames: int = 0
+    frames: list[np.ndarray] | None = None   # AddRequest.return_codes: every generated frame, for its TalkerDone
 
     @property
     def in_engine(self) -> bool:
@@ -125,11 +126,15 @@ class TalkerStage:
 
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
-        request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open)
+        request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open,
+                                                                   frames=[] if m.return_codes else None)
+        if m.ref_codes is not None:  # given ICL reference codes: the clip, if any, gives the x-vector alone
+            codes = np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups)
+            m.prompt.ref_codes = torch.from_numpy(codes.astype(np.int64))
         if m.speaker_embedding is not None:  # the x-vector itself: embed_prompt moves it to the talker's device
             m.prompt.speaker_embedding = torch.frombuffer(bytearray(m.speaker_embedding), dtype=torch.float32)
         elif m.ref_audio is not None:
-            cached = self.voice_cache.get(m.voice_version, icl=m.prompt.ref_text_ids is not None)
+            cached = self.voice_cache.get(m.voice_version, icl=m.prompt.wants_clip_codes)
             if cached is None:
                 self.voice_features.submit(FeatureJob(m))
                 return
@@ -210,10 +215,13 @@ class TalkerStage:
             self._put(request, chunk, finished)
         if frame is not None:
             request.num_frames += 1
+            if request.frames is not None:
+                request.frames.append(frame)
         if finished:
             request_id = request.add.request_id
+            codes = None if request.frames is None else np.array(request.frames, dtype=np.int32).tobytes()
             self.io.send(TalkerDone(request_id, request.num_frames, reason, request.num_prompt_rows,
-                                    request.num_reference_frames))
+                                    request.num_reference_frames, codes=codes))
             del self.requests[request_id]
 
 

@@ -44,13 +44,14 @@ class VoiceFeatures:
         return not icl or self.ref_codes is not None
 
     def apply(self, prompt: TalkerPrompt) -> None:
-        """Fill the prompt's voice features (reference codes only for ICL: they make the prompt an ICL one).
-        Called on the loop's thread."""
+        """Fill the prompt's voice features (the clip's reference codes only for ICL without given ones: they make
+        the prompt an ICL one). Called on the loop's thread."""
         if self.speaker_embedding.is_cuda:
             # made on the worker's stream, read on the loop's: keep the memory until the loop's use is done
             self.speaker_embedding.record_stream(torch.cuda.current_stream(self.speaker_embedding.device))
         prompt.speaker_embedding = self.speaker_embedding
-        prompt.ref_codes = self.ref_codes if prompt.ref_text_ids is not None else None
+        if prompt.wants_clip_codes:
+            prompt.ref_codes = self.ref_codes
 
 
 @dataclass
@@ -62,7 +63,8 @@ class FeatureJob:
 
     @property
     def icl(self) -> bool:
-        return isinstance(self.request, AddRequest) and self.request.prompt.ref_text_ids is not None
+        """It needs the clip's reference codes too."""
+        return isinstance(self.request, AddRequest) and self.request.prompt.wants_clip_codes
 
 
 class VoiceFeatureCache:

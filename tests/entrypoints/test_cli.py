@@ -48,6 +48,8 @@ def test_version():
                    "(default: qwen3_tts_1gpu with CUDA, else cpu_tiny)", "(default: omni-tts-HOST-PORT"]),
     ("synthesize", ["(default: cpu)", "(default: float32)", "(default: warning)",
                     "(default: the checkpoint's generation_config.json)"]),
+    ("narrate", ["(default: 250)", "(default: 750)", "(default: 300)", "(default: 3)", "(default: warning)",
+                 "(default: from --out's extension", "(default: a seed drawn from the input's hash)"]),
     ("make-tiny-model", ["(default: tiny)", "(default: 0)", "(default: bfloat16)", "(default: warning)"]),
 ])
 def test_help_shows_the_defaults(command, defaults, capsys, monkeypatch):

@@ -30,6 +30,9 @@ class ServerConfig:
     request_timeout: float = 1800.0            # seconds from admission to the last audio; beyond → 504 / cut stream
     aligner: AlignerClient | None = None       # the forced aligner (word_timestamps), started with the app; None:
                                                # the field is refused
+    max_input_chars: int = 200_000             # a speech request's input; a longer one is a 400
+    segment_chars: int = 300                   # a narrated input's segments: at most this many characters each
+    narration_window: int = 3                  # a narration's segments in flight (the one delivered included)
     stream_idle_timeout: float = 30.0          # WS /v1/audio/speech/stream: seconds between messages, and of a
                                                # token-mode request without text, beyond which the session ends
 

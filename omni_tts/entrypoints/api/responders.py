@@ -17,12 +17,12 @@ from omni_tts.audio.pcm import UNCOMPRESSED, StreamEncoder
 from omni_tts.audio.speed import change_speed
 from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.orchestrator.types import SpeechChunk
+from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .access_log import SPEECH_LOG, request_id
 from .errors import REQUEST_ERRORS, api_error
 from .state import ServerState
-from .word_times import align_segment, by_sentence, header_fields
+from .word_times import SentenceTimestamps, align_narration, align_segment, header_fields
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +34,23 @@ async def _rest(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> Async
             yield chunk
 
 
-async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> tuple[list[np.ndarray], SpeechChunk]:
-    """A request's audio, whole: its parts and its last chunk (which carries the usage)."""
-    parts, last = [], first
+async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]
+                  ) -> tuple[list[np.ndarray], SpeechChunk, list[SegmentEnd]]:
+    """A request's audio, whole: its parts, its last chunk (which carries the usage) and, narrated, its segments."""
+    parts, last, ends = [], first, []
     async for chunk in _rest(first, stream):
         parts.append(chunk.audio)
         last = chunk
-    return parts, last
+        if isinstance(chunk.segment, SegmentEnd):
+            ends.append(chunk.segment)
+    return parts, last, ends
+
+
+def segment_json(end: SegmentEnd) -> dict:
+    """A narrated segment as the responses describe it (seconds)."""
+    return {"index": end.index, "text": end.text, "audio_offset": round(end.audio_offset, 6),
+            "duration": round(end.duration, 6), "finish_reason": end.usage.finish_reason, "attempts": end.attempts,
+            "reference_frames": end.usage.reference_frames}
 
 
 def usage_json(chunk: SpeechChunk) -> dict:
@@ -114,20 +124,26 @@ async def respond_whole(request: web.Request, state: ServerState, speech: Speech
                         json_body: bool = False) -> web.Response:
     """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it).
     json_body: one JSON object with the file in base64 (and the word times, asked or not)."""
-    parts, last = await collect(first, stream)
+    parts, last, ends = await collect(first, stream)
     _record_usage(request, state, last, arrived)
     samples = await state.run(delivered_audio, speech, parts)
     data = await state.run(encode_audio, samples, SAMPLE_RATE, speech.response_format, speech.sample_rate)
-    words = (await align_segment(state, request_id(request), 0, samples, speech.input, speech.language)
-             if speech.word_timestamps else None)
+    words = None
+    if speech.word_timestamps:
+        words = (await align_narration(state, request_id(request), samples, ends, speech.language) if ends else
+                 await align_segment(state, request_id(request), 0, samples, speech.input, speech.language))
     headers = headers | _usage_headers(usage_json(last)) | {
         "x-omni-tts-finish-reason": last.usage.finish_reason,
         "x-omni-tts-audio-seconds": f"{samples.shape[0] / SAMPLE_RATE:.3f}"}
+    if ends:
+        headers["x-omni-tts-segments"] = str(len(ends))
     if json_body:
         body = {"audio": (await state.run(base64.b64encode, data)).decode("ascii"),
                 "format": speech.response_format,
                 "sample_rate": output_sample_rate(speech.response_format, speech.sample_rate),
                 "usage": usage_json(last)}
+        if ends:
+            body["segments"] = [segment_json(end) for end in ends]
         if words is not None:
             body |= {"words": words.seconds_json(), "characters": words.characters_json()}
             if words.reason is not None:
@@ -182,14 +198,22 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
     async def send(event: dict) -> None:
         await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
 
-    spoken: list[np.ndarray] = []   # with word_timestamps: the audio, aligned once it is whole
+    timestamps = (SentenceTimestamps(state, request_id(request), speech.language, send)
+                  if speech.word_timestamps else None)
     try:
         pending = encoder.start()
         try:
             async for chunk in _rest(first, stream):
+                if isinstance(chunk.segment, SegmentStart):
+                    await send({"type": "speech.segment", "index": chunk.segment.index, "total": chunk.segment.total,
+                                "text": chunk.segment.text, "audio_offset": round(chunk.segment.audio_offset, 6)})
+                if isinstance(chunk.segment, SegmentEnd):   # its audio is the pause after the segment
+                    await send({"type": "speech.segment.done"} | segment_json(chunk.segment))
+                    if timestamps is not None:
+                        await timestamps.end(chunk.segment.text, chunk.segment.audio_offset)
+                elif chunk.audio.size and timestamps is not None:
+                    timestamps.feed(chunk.audio)
                 if chunk.audio.size:
-                    if speech.word_timestamps:
-                        spoken.append(chunk.audio)
                     data = pending + await encode_chunk(state, encoder, chunk.audio)
                     pending = b""
                     encoded = await state.run(base64.b64encode, data)
@@ -201,13 +225,10 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                         await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                     "response_format": speech.response_format})
                     _record_usage(request, state, chunk, arrived)
-                    if speech.word_timestamps:
-                        words = await align_segment(state, request_id(request), 0, delivered_audio(speech, spoken),
-                                                    speech.input, speech.language)
-                        for index, (text, part) in enumerate(by_sentence(words, speech.input, speech.language)):
-                            await send({"type": "speech.audio.timestamps", "sentence_index": index, "text": text,
-                                        "words": part.seconds_json()}
-                                       | ({"reason": words.reason} if words.reason is not None else {}))
+                    if timestamps is not None:
+                        if not timestamps.num_segments:   # one request: its whole text
+                            await timestamps.end(speech.input, 0.0)
+                        await timestamps.flush()
                     await send({"type": "speech.audio.done", "usage": usage_json(chunk)})
         except REQUEST_ERRORS as e:
             await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})
@@ -215,3 +236,5 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
         return response
     finally:
         encoder.close()
+        if timestamps is not None:
+            await timestamps.close()

@@ -16,9 +16,10 @@ from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, JSON_RESPONSE,
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
+from .narration import is_narrated, narration_plan, open_narration
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
-from .synthesis import check_speech, open_speech
+from .synthesis import build_synthesis_request, check_speech, open_speech
 from .word_times import check_word_timestamps
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,13 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     if ignored:
         headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
+    segments = await narration_plan(state, speech, speech.input)
+    segments = segments if is_narrated(speech, segments) else None
+    if segments is not None and speech.speed != 1.0:
+        raise ApiError(400, "speed must be 1.0 for a narrated input (longer than one segment)", "speed")
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body)
+        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body, segments)
 
 
 def _accepts_json_first(request: web.Request) -> bool:
@@ -71,11 +76,17 @@ def _accepts_json_first(request: web.Request) -> bool:
 
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
                  arrived: float, admission: Admission, headers: dict[str, str],
-                 json_body: bool) -> web.StreamResponse:
+                 json_body: bool, segments: list | None) -> web.StreamResponse:
     """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
-    async with open_speech(state, speech, voice, request_id(request), admission) as (first, stream):
+    if segments is None:
+        opened = open_speech(state, speech, voice, request_id(request), admission)
+    else:
+        synthesis, voice_version = await build_synthesis_request(state, speech, voice, "")
+        opened = open_narration(state, speech, synthesis, voice_version, segments, request_id(request), admission,
+                                log)
+    async with opened as (first, stream):
         if first.replica is not None:
             headers[REPLICA_HEADER] = first.replica
         log.ttfp = time.monotonic() - arrived

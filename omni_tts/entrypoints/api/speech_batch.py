@@ -35,6 +35,7 @@ from omni_tts.entrypoints.protocol import (FIELD_ALIASES, IGNORED_FIELDS_HEADER,
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .errors import REQUEST_ERRORS, api_error
+from .narration import is_narrated, narration_plan
 from .responders import collect, encode_whole, record_usage, usage_json
 from .speech import read_body
 from .state import STATE, ServerState
@@ -104,10 +105,14 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
             raise ApiError(400, "the batch route answers files without word times; ask POST /v1/audio/speech",
                            "word_timestamps" if speech.word_timestamps else "response_format")
         voice = check_speech(state, speech)
+        if is_narrated(speech, await narration_plan(state, speech, speech.input)):
+            raise ApiError(400, f"the batch route speaks one segment per item (at most {state.config.segment_chars} "
+                                "characters within the talker's limits); narrate a longer input with POST "
+                                "/v1/audio/speech", "input")
         with Admission(state) as admission:
             async with open_speech(state, speech, voice, f"{batch_id}-{index}", admission) as (first, stream):
                 state.metrics.ttfp.observe(time.monotonic() - arrived)
-                parts, last = await collect(first, stream)
+                parts, last, _ = await collect(first, stream)
         record_usage(state, last, arrived)
         data, seconds = await encode_whole(state, speech, parts)
         if len(data) > share:

@@ -16,10 +16,12 @@ joined already, and the commit is only answered); `input.done` adds what was not
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
-first words; `audio.start` then carries the text received so far. `sentence`, `clause` and `none` make a request of
-each sentence, clause or whole utterance, one after another (text_splitter.py). Each request is admitted like an
-HTTP one (--max-queue), with the same validation (the config is a SpeechOptions); a session.config whose
-voice needs work (ref_audio to fetch or decode, an uploaded voice to load) takes a slot too while it is done.
+first words; `audio.start` then carries the text received so far. `sentence` and `clause` make a request of each
+sentence or clause, one after another (orchestrator/text_splitter.py); `none` narrates the whole utterance at
+input.done, of any length up to --max-input-chars (narrated_utterance.py: each segment a "sentence",
+`start_segment` resumes it). Each request is admitted like an HTTP one (--max-queue), with the same validation (the
+config is a SpeechOptions); a session.config whose voice needs work (ref_audio to fetch or decode, an uploaded voice
+to load) takes a slot too while it is done.
 Limits: session.config within 10 s of the connection and at most `MAX_CONFIGS` times per connection, no message
 more than --stream-idle-timeout seconds apart, session.config at most 4 MiB (it may carry ref_audio), other
 messages at most 128 KiB, and the text of one request at most 4096 characters. With --api-key, a browser (which
@@ -40,14 +42,15 @@ from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
 from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
-from omni_tts.entrypoints.text_splitter import TextSplitter
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.types import SpeechChunk
+from omni_tts.orchestrator.text_splitter import TextSplitter
+from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .admission import Admission
 from .auth import WS_PROTOCOL
 from .errors import REQUEST_ERRORS, api_error
+from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
@@ -192,8 +195,9 @@ class SpeechSession:
         if not text:
             return
         if self.utterance is None:
-            self.utterance = (TokenUtterance(self) if self.config.split_granularity == "token"
-                              else SplitUtterance(self))
+            granularity = self.config.split_granularity
+            self.utterance = (TokenUtterance(self) if granularity == "token" else
+                              NarratedUtterance(self) if granularity == "none" else SplitUtterance(self))
         await self.utterance.add(text)
 
     async def _configure(self, config: SessionConfig) -> None:
@@ -233,12 +237,19 @@ class SpeechSession:
                  "format": config.response_format}
         if config.response_format == "pcm":
             start |= {"sample_rate": output_sample_rate("pcm", config.sample_rate), "channels": 1}
+        done = {"type": "audio.done", "utterance_index": self.utterance_index, "sentence_index": sentence_index}
         encoder = (create_stream_encoder(config.response_format, SAMPLE_RATE, config.sample_rate)
                    if config.stream_audio else None)
         spoken: list = []   # with word_timestamps: the request's audio, aligned once it is whole
         try:
             parts, pending = [], encoder.start() if encoder else b""
             async for chunk in chunks:
+                if isinstance(chunk.segment, SegmentStart):   # a narrated utterance's segment
+                    start |= {"audio_offset": round(chunk.segment.audio_offset, 6), "total": chunk.segment.total}
+                elif isinstance(chunk.segment, SegmentEnd):
+                    done |= {"audio_offset": round(chunk.segment.audio_offset, 6),
+                             "duration": round(chunk.segment.duration, 6),
+                             "finish_reason": chunk.segment.usage.finish_reason}
                 if chunk.audio.size:
                     admission.first_audio()
                     if progressive is not None:
@@ -265,8 +276,7 @@ class SpeechSession:
         if data:
             total_bytes += len(data)
             await self.ws.send_bytes(data)
-        await self.ws.send_json({"type": "audio.done", "utterance_index": self.utterance_index,
-                                 "sentence_index": sentence_index, "total_bytes": total_bytes, "error": False})
+        await self.ws.send_json(done | {"total_bytes": total_bytes, "error": False})
         if progressive is not None:
             self.timestamps.add_progressive(progressive, sentence_text())
         elif self.timestamps is not None:
@@ -341,8 +351,8 @@ class TokenUtterance:
 
 
 class SplitUtterance:
-    """split_granularity sentence / clause / none: each complete unit of text is a request of its own, spoken
-    before the next message is read."""
+    """split_granularity sentence / clause: each complete unit of text is a request of its own, spoken before the
+    next message is read."""
 
     def __init__(self, session: SpeechSession) -> None:
         self.session = session

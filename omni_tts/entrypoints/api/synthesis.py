@@ -65,6 +65,9 @@ def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
     check_output(speech, speech.streaming)
     if not speech.input.strip():
         raise ApiError(400, "input must not be empty", "input")
+    if len(speech.input) > state.config.max_input_chars:
+        raise ApiError(400, f"input is {len(speech.input)} characters; this server takes at most "
+                            f"{state.config.max_input_chars} (--max-input-chars)", "input")
     return check_speech_request(state, speech)
 
 

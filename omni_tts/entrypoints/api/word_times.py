@@ -8,17 +8,20 @@ words).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
-from omni_tts.entrypoints.text_splitter import TextSplitter
+from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.models.qwen3_forced_aligner.words import split_words
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.orchestrator.aligner_client import AlignerUnavailable
+from omni_tts.orchestrator.types import SegmentEnd
 
 from .state import ServerState
 
@@ -118,6 +121,73 @@ def header_fields(result: SegmentWords) -> dict[str, str]:
 
 def _header_safe(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)[:512]
+
+
+MAX_PENDING_ALIGNMENTS = 4   # a narration's segments awaiting their words: beyond, the audio waits for the aligner
+
+
+async def align_narration(state: ServerState, request_id: str, audio: np.ndarray, ends: list[SegmentEnd],
+                          language: str | None) -> SegmentWords:
+    """A whole narration's words: each segment's audio aligned against its own text, times absolute in `audio`
+    (the aligner batches the segments in flight). None, with the first reason, if any segment got none."""
+    gate = asyncio.Semaphore(MAX_PENDING_ALIGNMENTS)
+
+    async def one(end: SegmentEnd) -> SegmentWords:
+        start = round(end.audio_offset * SAMPLE_RATE)
+        async with gate:
+            return await align_segment(state, request_id, end.index,
+                                       audio[start:start + round(end.duration * SAMPLE_RATE)], end.text, language,
+                                       round(end.audio_offset * 1000))
+    results = await asyncio.gather(*(one(end) for end in ends))
+    failed = next((r for r in results if r.words is None), None)
+    return failed if failed is not None else SegmentWords([w for r in results for w in r.words])
+
+
+class SentenceTimestamps:
+    """SSE: a `speech.audio.timestamps` event per sentence, each segment's audio aligned as soon as it is whole
+    (`end`) while the audio goes on, the events in order; a narration's times are absolute across it."""
+
+    def __init__(self, state: ServerState, request_id: str, language: str | None,
+                 send: Callable[[dict], Awaitable[None]]) -> None:
+        self.state, self.request_id, self.language, self.send = state, request_id, language, send
+        self.parts: list[np.ndarray] = []
+        self.pending: collections.deque[tuple[str, asyncio.Task]] = collections.deque()
+        self.num_segments = 0
+        self.sentence_index = 0
+
+    def feed(self, audio: np.ndarray) -> None:
+        self.parts.append(audio)
+
+    async def end(self, text: str, audio_offset: float) -> None:
+        """The segment whose audio was fed since the last `end` is whole: align it (waits only when
+        MAX_PENDING_ALIGNMENTS are pending), and send what is ready."""
+        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        self.parts = []
+        task = asyncio.create_task(align_segment(self.state, self.request_id, self.num_segments, audio, text,
+                                                 self.language, round(audio_offset * 1000)))
+        self.pending.append((text, task))
+        self.num_segments += 1
+        while self.pending and (self.pending[0][1].done() or len(self.pending) > MAX_PENDING_ALIGNMENTS):
+            await self._send_first()
+
+    async def flush(self) -> None:
+        while self.pending:
+            await self._send_first()
+
+    async def _send_first(self) -> None:
+        text, task = self.pending[0]
+        words = await task
+        self.pending.popleft()
+        for sentence, part in by_sentence(words, text, self.language):
+            await self.send({"type": "speech.audio.timestamps", "sentence_index": self.sentence_index,
+                             "text": sentence, "words": part.seconds_json()}
+                            | ({"reason": words.reason} if words.reason is not None else {}))
+            self.sentence_index += 1
+
+    async def close(self) -> None:
+        for _, task in self.pending:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in self.pending), return_exceptions=True)
 
 
 class TrailingTimestamps:

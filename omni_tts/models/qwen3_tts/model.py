@@ -115,10 +115,10 @@ class Qwen3TTS:
 
     @torch.no_grad()
     def add_voice_features(self, prompt: TalkerPrompt, ref_audio: AudioInput | None) -> None:
-        """Base: x-vector (and, for ICL, the reference codes) from the reference audio."""
+        """Base: x-vector (and, for ICL without given reference codes, the clip's codes) from the reference audio."""
         if self.model_type != "base":
             return
         wav = reference_audio_24k(ref_audio)
         prompt.speaker_embedding = extract_speaker_embedding(self.speaker_encoder, wav)
-        if prompt.ref_text_ids is not None:
+        if prompt.wants_clip_codes:
             prompt.ref_codes = self.speech_encoder.encode(wav)

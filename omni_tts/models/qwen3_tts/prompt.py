@@ -50,9 +50,12 @@ class SynthesisRequest:
     language: str | None = None           # None = Auto
     instructions: str | None = None
     ref_audio: AudioInput | None = None   # Base: path, file bytes, (samples, sample_rate) or 24 kHz samples
-    ref_text: str | None = None           # Base ICL transcript of ref_audio
+    ref_text: str | None = None           # ICL: the transcript of ref_audio (or of ref_codes' audio)
     x_vector_only: bool = False
     speaker_embedding: Sequence[float] | np.ndarray | None = None   # Base: the x-vector itself, instead of ref_audio
+    # ICL reference as codec codes [T, num_code_groups] instead of audio (e.g. an earlier request's output), with
+    # ref_text; VoiceDesign (beside the instructions) or Base (the x-vector still from ref_audio or speaker_embedding)
+    ref_codes: np.ndarray | None = None
     non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -78,13 +81,18 @@ class TalkerPrompt(msgspec.Struct, omit_defaults=True):
     language_id: int | None
     speaker_id: int | None                  # CustomVoice: codec-embedding row of the speaker
     non_streaming: bool
-    ref_text_ids: list[int] | None = None   # Base ICL
+    ref_text_ids: list[int] | None = None   # ICL
     speaker_embedding: torch.Tensor | None = None  # Base: x-vector [H]
-    ref_codes: torch.Tensor | None = None   # Base ICL: [T_ref, 16]
+    ref_codes: torch.Tensor | None = None   # ICL: [T_ref, 16] int64
 
     @property
     def is_icl(self) -> bool:
         return self.ref_codes is not None
+
+    @property
+    def wants_clip_codes(self) -> bool:
+        """ICL whose reference codes are still to be computed from the reference clip (none were given)."""
+        return self.ref_text_ids is not None and self.ref_codes is None
 
     @property
     def prefill_text_tokens(self) -> int:
@@ -96,10 +104,10 @@ class TalkerPrompt(msgspec.Struct, omit_defaults=True):
 
 
 def check_speaker_embedding(config: Qwen3TTSConfig, values: Sequence[float] | np.ndarray, *, ref_audio: bool,
-                            ref_text: bool) -> np.ndarray:
+                            ref_text: bool, ref_codes: bool = False) -> np.ndarray:
     """A sent x-vector as float32 [enc_dim], or RequestError('speaker_embedding'): Base checkpoints only, exactly
-    the speaker encoder's output size, finite, |v| <= MAX_EMBEDDING_ABS; it is the voice (x-vector-only mode: ICL
-    needs the reference clip's codes), so neither ref_audio nor ref_text may come with it."""
+    the speaker encoder's output size, finite, |v| <= MAX_EMBEDDING_ABS; it is the voice, so ref_audio may not come
+    with it, nor ref_text unless ref_codes do (ICL needs reference codes: a clip's, or given ones)."""
     def refuse(message: str) -> RequestError:
         return RequestError("speaker_embedding", message)
 
@@ -117,10 +125,34 @@ def check_speaker_embedding(config: Qwen3TTSConfig, values: Sequence[float] | np
         raise refuse(f"speaker_embedding values must lie within ±{MAX_EMBEDDING_ABS:g}")
     if ref_audio:
         raise refuse("speaker_embedding is the voice: give it or ref_audio (or an uploaded voice), not both")
-    if ref_text:
+    if ref_text and not ref_codes:
         raise refuse("speaker_embedding means x-vector-only cloning, which takes no ref_text (ICL needs "
                      "ref_audio)")
     return vector.astype(np.float32)
+
+
+def check_ref_codes(config: Qwen3TTSConfig, values: object) -> np.ndarray:
+    """Given ICL reference codes as int64 [T, num_code_groups], or RequestError('ref_codes'): VoiceDesign and Base
+    checkpoints only (a CustomVoice voice is its speaker), at least one frame, every code within the codebook."""
+    def refuse(message: str) -> RequestError:
+        return RequestError("ref_codes", message)
+
+    if config.tts_model_type not in ("voice_design", "base"):
+        raise refuse(f"ref_codes are only supported by VoiceDesign and Base models; this one is "
+                     f"{config.tts_model_type}")
+    groups, size = config.talker.num_code_groups, config.talker.code_predictor.vocab_size
+    try:
+        codes = np.asarray(values)
+    except (ValueError, TypeError):  # ragged lists
+        codes = None
+    if codes is None or codes.ndim != 2 or codes.shape[1] != groups or codes.shape[0] < 1:
+        raise refuse(f"ref_codes must be a list of frames of {groups} codes each (at least one frame), got "
+                     f"{'a ragged list' if codes is None else f'shape {list(codes.shape)}'}")
+    if not np.issubdtype(codes.dtype, np.integer):
+        raise refuse(f"ref_codes must hold integers, got {codes.dtype}")
+    if codes.min() < 0 or codes.max() >= size:
+        raise refuse(f"ref_codes must lie in 0..{size - 1} (the codebook size is {size})")
+    return codes.astype(np.int64)
 
 
 class PromptBuilder:
@@ -140,6 +172,10 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def text_ids(self, text: str) -> list[int]:
+        """The text tokens `tokenize` takes from `text` (what max_text_tokens counts)."""
+        return split_template(self._encode(TEMPLATE_HEAD + strip_leading_newlines(text) + TEMPLATE_TAIL))[1]
 
     def tokenize(self, request: SynthesisRequest, text_open: bool = False) -> TalkerPrompt:
         """Validate the request against the checkpoint and tokenize it (voice features are filled in later).
@@ -191,19 +227,27 @@ class PromptBuilder:
                                             "checkpoint has no language id for")
             language_id = talker.codec_language_id[dialect]
 
-        ref_text_ids = None
+        ref_frames = 0
+        if request.ref_codes is not None:
+            ref_frames = check_ref_codes(cfg, request.ref_codes).shape[0]
+            if request.x_vector_only:
+                raise RequestError("ref_codes", "ref_codes are an ICL reference, which x_vector_only mode does not "
+                                                "take")
+        ref_text = (request.ref_text or "").strip()
         if request.speaker_embedding is not None:
             check_speaker_embedding(cfg, request.speaker_embedding, ref_audio=request.ref_audio is not None,
-                                    ref_text=bool((request.ref_text or "").strip()))
-        elif model_type == "base":
-            if request.ref_audio is None:
-                raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints, or a "
-                                                "speaker_embedding")
-            if not request.x_vector_only:
-                if not (request.ref_text or "").strip():
-                    raise RequestError("ref_text", "ref_text is required for voice cloning unless x_vector_only "
-                                                   "mode is set")
-                ref_text_ids = self._encode(f"<|im_start|>assistant\n{request.ref_text}<|im_end|>\n")[3:-2]
+                                    ref_text=bool(ref_text), ref_codes=request.ref_codes is not None)
+        elif model_type == "base" and request.ref_audio is None:
+            raise RequestError("ref_audio", "ref_audio is required for Base (voice clone) checkpoints, or a "
+                                            "speaker_embedding")
+        ref_text_ids = None
+        if request.ref_codes is not None or (model_type == "base" and request.speaker_embedding is None
+                                             and not request.x_vector_only):
+            if not ref_text:
+                raise RequestError("ref_text", "ref_text is required with ref_codes (the transcript of their audio)"
+                                   if request.ref_codes is not None else
+                                   "ref_text is required for voice cloning unless x_vector_only mode is set")
+            ref_text_ids = self._encode(f"<|im_start|>assistant\n{request.ref_text}<|im_end|>\n")[3:-2]
         non_streaming = request.non_streaming_mode
         if text_open and non_streaming:
             raise RequestError("non_streaming_mode", "text that arrives in pieces needs the streaming layout "
@@ -214,12 +258,12 @@ class PromptBuilder:
         prompt = TalkerPrompt(role_ids=role_ids, text_ids=text_ids, instruct_ids=instruct_ids, language_id=language_id,
                               speaker_id=talker.spk_id[speaker] if model_type == "custom_voice" else None,
                               non_streaming=non_streaming, ref_text_ids=ref_text_ids)
-        self.check_fits(prompt)
+        self.check_fits(prompt, ref_frames)
         return prompt
 
-    def check_fits(self, prompt: TalkerPrompt) -> None:
+    def check_fits(self, prompt: TalkerPrompt, ref_frames: int = 0) -> None:
         """RequestError naming the field if the prompt exceeds the talker's limits (a text that arrives in pieces is
-        checked as it grows)."""
+        checked as it grows). ref_frames: the given ICL reference codes' frames (a clip's are not known yet)."""
         if self.limits is None:
             return
         limits, text_ids, ref_text_ids, instruct_ids = (self.limits, prompt.text_ids, prompt.ref_text_ids or [],
@@ -231,11 +275,13 @@ class PromptBuilder:
             raise RequestError("ref_text", f"ref_text ({len(ref_text_ids)} text tokens) and input "
                                            f"({len(text_ids)}) exceed the limit of {limits.max_text_tokens} together")
         # an upper bound of the prompt rows known before the voice features (streaming layouts hold fewer)
-        rows = len(instruct_ids) + len(ref_text_ids) + len(text_ids) + _CONTROL_ROWS
+        rows = len(instruct_ids) + len(ref_text_ids) + len(text_ids) + ref_frames + _CONTROL_ROWS
         if rows >= limits.max_model_len:
-            param = "instructions" if instruct_ids else "input"
-            raise RequestError(param, f"the prompt ({rows} rows with {len(instruct_ids)} instruction tokens) leaves "
-                                      f"no room to generate within max_model_len {limits.max_model_len}")
+            param = ("ref_codes" if rows - ref_frames < limits.max_model_len else
+                     "instructions" if instruct_ids else "input")
+            raise RequestError(param, f"the prompt ({rows} rows with {len(instruct_ids)} instruction tokens and "
+                                      f"{ref_frames} reference frames) leaves no room to generate within "
+                                      f"max_model_len {limits.max_model_len}")
 
 
 @torch.no_grad()
