@@ -4,9 +4,10 @@ The input is cut once (`segmenter.segment_text`). The first segment asked for st
 made the next ones start, each once the one before it has its first audio (their prefills never delay the first
 audio) and never more than `window` ahead of the segment being delivered, so memory is bounded and a reader that
 stops stops the narration. Each segment is a request of its own: its token limit bounds it (a segment without an
-end token is cut at its budget, its finish reason kept, and the narration goes on); one that fails before any of
-its audio was delivered is tried once more with another seed; a failure after that ends the narration (the caller
-resumes it with `start_segment`).
+end token is cut at its budget, its finish reason kept, and the narration goes on); one that fails (a stage that
+died, a request that failed) is tried once more: with another seed if none of its audio was delivered, else with
+the same seed from where the listener is (`_Run`); a second failure ends the narration (the caller resumes it with
+`start_segment`).
 
 One voice throughout: a CustomVoice speaker or a Base clone prompt is the same in every request. A VoiceDesign
 voice is designed once, by segment 0, and every later segment is an ICL clone of it (segment 0's own codes and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -92,10 +94,10 @@ async def wait_until_serving(engine: TTSClient) -> None:
         await asyncio.sleep(0.1)
 
 
-def segment_seed(seed: int | None, index: int, attempt: int) -> int | None:
-    """Segment `index`'s seed: the request's plus the index (so a resumed narration makes the same audio); unseeded
-    stays unseeded (a retry then draws afresh anyway)."""
-    return None if seed is None else (seed + index + attempt * RETRY_SEED_STEP) % (MAX_SEED + 1)
+def segment_seed(seed: int, index: int, attempt: int) -> int:
+    """Segment `index`'s seed: the narration's plus the index (so a resumed narration makes the same audio), moved far
+    off for a retry that must not make the same audio again (`attempt` 1)."""
+    return (seed + index + attempt * RETRY_SEED_STEP) % (MAX_SEED + 1)
 
 
 def narration_usage(ends: list[SegmentEnd], audio_seconds: float) -> Usage:
@@ -109,29 +111,36 @@ def narration_usage(ends: list[SegmentEnd], audio_seconds: float) -> Usage:
 
 class _Run:
     """One segment's request (or two, with the retry), read eagerly into `queue` — bounded by the segment's token
-    limit — so the stage client never takes it for a slow reader while it waits its turn."""
+    limit — so the stage client never takes it for a slow reader while it waits its turn.
+
+    A try that fails is made once more: with another seed when none of its audio has gone out (a segment that went
+    wrong is not made the same way again); else with the same seed, its first `taken_samples` dropped, so the
+    listener hears the segment go on (the same audio for greedy and seeded requests, every segment's seed being
+    fixed: `Narration.template`)."""
 
     def __init__(self, narration: Narration, segment: Segment, anchor: bool = False) -> None:
         self.narration, self.segment, self.anchor = narration, segment, anchor
         self.queue: asyncio.Queue = asyncio.Queue()   # arrays, then the usage, or the error that ended it
-        self.taken = 0          # items the consumer took from this try
+        self.taken_samples = 0   # of this segment's audio, taken by the consumer
         self.attempts = 0
         self.has_audio = asyncio.Event()
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        narration = self.narration
+        narration, skip, reseed = self.narration, 0, False
         while True:
             self.attempts += 1
             narration.on_event("started" if self.attempts == 1 else "retried")
             try:
-                request = await narration.request_for(self.segment, self.attempts - 1)
+                request = await narration.request_for(self.segment, int(reseed))
                 suffix = f"-s{self.segment.index}" + (f"-r{self.attempts - 1}" if self.attempts > 1 else "")
                 stream = narration.generate(request, narration.request_id + suffix, return_codes=self.anchor)
                 try:
                     async for chunk in stream:
-                        if chunk.audio.size:
-                            self.queue.put_nowait(chunk.audio)
+                        audio = chunk.audio[skip:]
+                        skip -= chunk.audio.shape[0] - audio.shape[0]
+                        if audio.size:
+                            self.queue.put_nowait(audio)
                             self._started()
                         if chunk.usage is not None:
                             if self.anchor:
@@ -141,14 +150,14 @@ class _Run:
                     await stream.aclose()
                 return
             except RETRIED as error:
-                if self.attempts == 1 and self.taken == 0 and narration.retry:
-                    while not self.queue.empty():   # nothing of it went out: start it again, afresh
-                        self.queue.get_nowait()
-                    if isinstance(error, StageDeadError) and narration.ready is not None:
-                        await narration.ready()     # a restarting pipeline takes seconds to come back
-                    continue
-                self._end(error)
-                return
+                if self.attempts > 1 or not narration.retry:
+                    self._end(error)
+                    return
+                while not self.queue.empty():   # what the consumer has not taken comes again from the retry
+                    self.queue.get_nowait()
+                skip, reseed = self.taken_samples, self.taken_samples == 0
+                if isinstance(error, StageDeadError) and narration.ready is not None:
+                    await narration.ready()     # a restarting pipeline takes seconds to come back
             except Exception as error:   # bad input, or a bug: the narration ends with it
                 self._end(error)
                 return
@@ -168,7 +177,8 @@ class _Run:
         item = await self.queue.get()
         if isinstance(item, BaseException):
             raise item
-        self.taken += 1
+        if isinstance(item, np.ndarray):
+            self.taken_samples += item.shape[0]
         return item
 
     async def cancel(self) -> None:
@@ -189,6 +199,9 @@ class Narration:
                  on_event: Callable[[str], None] | None = None) -> None:
         if not 0 <= start_segment < len(segments):
             raise ValueError(f"start_segment must lie in 0..{len(segments) - 1}")
+        if template.sampling.seed is None:   # every segment's seed fixed: a retry can make the same audio again
+            template = dataclasses.replace(template, sampling=msgspec.structs.replace(
+                template.sampling, seed=secrets.randbits(63)))
         self.generate, self.template, self.segments = generate, template, segments
         self.request_id, self.window, self.pauses, self.retry = request_id, max(1, window), pauses, retry
         self.start_segment, self.ready = start_segment, ready

@@ -126,7 +126,8 @@ def test_metrics_follow_prometheus_naming(server):
         "omni_tts_audio_seconds": "counter", "omni_tts_stage_up": "gauge", "omni_tts_pipeline_restarts": "counter",
         "omni_tts_stage_steps": "counter", "omni_tts_stage_step_duration_seconds": "histogram",
         "omni_tts_stage_requests": "gauge", "omni_tts_connector_chunks": "counter",
-        "omni_tts_connector_latency_seconds": "histogram", "omni_tts_talker_waiting_for_text": "gauge"}
+        "omni_tts_connector_latency_seconds": "histogram", "omni_tts_talker_waiting_for_text": "gauge",
+        "omni_tts_narration_segments": "counter"}
 
 
 def test_histograms_count_what_they_summarise(server):

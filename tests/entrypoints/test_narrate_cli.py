@@ -150,6 +150,7 @@ def test_ctrl_c_leaves_a_file_the_same_command_completes(whole, tmp_path):
     assert not os.path.exists(f"{out}.narration.json")
 
 
+@pytest.mark.slow   # opt-in (--runslow): the suite stays near 10 minutes on 2 cores
 def test_a_killed_mp3_run_resumes_into_one_stream_of_the_whole_length(expected, tmp_path):
     out = tmp_path / "book.mp3"
     killed = narrate(out, cut="kill")
@@ -167,6 +168,7 @@ def test_a_killed_mp3_run_resumes_into_one_stream_of_the_whole_length(expected, 
     assert abs(decoded / SAMPLE_RATE - expected.shape[0] / SAMPLE_RATE) <= 0.2
 
 
+@pytest.mark.slow   # opt-in (--runslow): the suite stays near 10 minutes on 2 cores
 def test_another_input_or_other_options_need_restart(whole, tmp_path):
     out = tmp_path / "book.wav"
     assert narrate(out, cut="ctrl-c").returncode == 130
@@ -184,6 +186,7 @@ def test_another_input_or_other_options_need_restart(whole, tmp_path):
     assert len(out.read_bytes()) > len(whole)   # longer pauses, from the start
 
 
+@pytest.mark.slow   # opt-in (--runslow): the suite stays near 10 minutes on 2 cores
 def test_a_cut_opus_narration_is_refused_not_resumed(tmp_path):
     out = tmp_path / "book.opus"
     assert narrate(out, cut="ctrl-c").returncode == 130
