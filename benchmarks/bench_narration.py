@@ -4,6 +4,7 @@ voice drift of a VoiceDesign narration with and without its first segment cloned
     python benchmarks/bench_narration.py serve [--preset small] [--words 10000] [--frames-per-word 5]
         [--stage-config cpu_small] [--dtype float32] [--window 3] [--out RESULT.json]
     python benchmarks/bench_narration.py drift [--sentences 12] [--frames 40] [--out RESULT.json]
+    python benchmarks/bench_narration.py pace [--preset small] [--words 2000] [--out RESULT.json]
 
 serve: `omni-tts serve` on the preset's random CustomVoice checkpoint (bench_runner.cached_model), then, streaming
 pcm: three one-sentence requests (time to first audio, the median), then the long text (deterministic prose, in
@@ -16,6 +17,11 @@ drift: in this process, an AsyncTTS on the VoiceDesign tiny fixture narrates a t
 the first cloned from it (the server's way) and each designed afresh; each segment's x-vector by the Base tiny
 fixture's speaker encoder, cosine similarity to segment 0's (mean, min). With random weights this measures the
 pipeline (which voice each segment is made with), not a trained model's timbre.
+
+pace: in this process, the preset's checkpoint narrates the text (the checkpoint's own sampling, seeded) in each
+text-feeding layout, non-streaming (the narration's) and streaming: frames per text token of every segment (its
+output frames over its text tokens), their mean and spread, the first quarter's mean against the last's, and the
+segments cut at their budget.
 """
 from __future__ import annotations
 
@@ -163,9 +169,39 @@ async def drift_run(args: argparse.Namespace) -> dict:
     return result
 
 
+async def pace_run(args: argparse.Namespace) -> dict:
+    from omni_tts.config.stage_config import load_stage_config
+    from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+    from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+    from omni_tts.orchestrator.async_tts import AsyncTTS
+    from omni_tts.orchestrator.narration import Narration, Pauses, plan_segments
+    from omni_tts.orchestrator.types import SegmentEnd
+
+    text, result = prose(args.words), {}
+    async with AsyncTTS(args.model or cached_model(args.preset, args.dtype),
+                        load_stage_config(args.stage_config)) as engine:
+        segments = plan_segments(engine.prompts, text, args.segment_chars)
+        budget = max(16, round(args.frames_per_word * args.segment_chars / (len(text) / args.words)))
+        for layout, non_streaming in (("non_streaming", True), ("streaming", False)):
+            template = SynthesisRequest(text="", voice="ryan", non_streaming_mode=non_streaming,
+                                        sampling=SamplingParams(max_new_tokens=budget, seed=1))
+            ends = [c.segment async for c in Narration(engine.generate, template, segments, f"pace-{layout}",
+                                                       window=args.window, pauses=Pauses(0, 0)).chunks()
+                    if isinstance(c.segment, SegmentEnd)]
+            ratios = [e.usage.output_frames / e.usage.input_tokens for e in ends]
+            quarter = max(1, len(ratios) // 4)
+            result[layout] = {"segments": len(ratios), "frames_per_token_mean": statistics.mean(ratios),
+                              "frames_per_token_stdev": statistics.pstdev(ratios),
+                              "first_quarter_mean": statistics.mean(ratios[:quarter]),
+                              "last_quarter_mean": statistics.mean(ratios[-quarter:]),
+                              "cut_at_budget": sum(e.usage.finish_reason == "length" for e in ends),
+                              "budget_frames": budget - 1}
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["serve", "drift"])
+    ap.add_argument("mode", choices=["serve", "drift", "pace"])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--model", help="a checkpoint instead of the preset's random one")
     ap.add_argument("--dtype", default="float32")
@@ -188,6 +224,9 @@ def main() -> int:
         log = (args.out or "/tmp/bench_narration") + ".server.log"
         with served(serve_args, log) as url:
             doc["result"] = asyncio.run(serve_run(url, _server_pid(url), args))
+    elif args.mode == "pace":
+        scrub_thread_env()
+        doc["result"] = asyncio.run(pace_run(args))
     else:
         doc["result"] = asyncio.run(drift_run(args))
     print(json.dumps(doc["result"], indent=1))
