@@ -163,7 +163,6 @@ def test_what_a_narration_cannot_do_is_a_400(server, fields, param):
     assert status == 400 and json.loads(body)["error"]["param"] == param, body
 
 
-@pytest.mark.slow
 def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything():
     """A client that reads slowly: the narration never runs more than its window ahead of what went out, so what
     the server holds is bounded by the window, not the input; closing the connection mid-way ends every segment's
@@ -189,7 +188,7 @@ async def _slow_reader_then_disconnect(model_dir: str) -> None:
             response = await http.post(url + "/v1/audio/speech", json=body)
             assert response.status == 200
             received = 0
-            while received < total * SEGMENT_BYTES // 3:
+            while received < total * SEGMENT_BYTES // 8:
                 received += len(await response.content.read(2**16))
                 started, delivered = count("started"), count("delivered")
                 assert started - delivered <= 2 and len(state.engine.requests) <= 2, (started, delivered)
