@@ -14,6 +14,7 @@ from omni_tts.config import available_stage_configs
 from omni_tts.entrypoints.serve import print_error, serve_on, serve_with
 from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
+from omni_tts.orchestrator.segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SEGMENT_CHARS, SENTENCE_PAUSE_MS
 
 FORCED_ALIGNER = "forced_aligner"
 
@@ -111,11 +112,11 @@ def _add_narrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="segment i samples with seed + i (default: a seed drawn from the input's "
                                             "hash)")
     p.add_argument("--max-new-tokens", type=int, help=f"per segment {checkpoint}")
-    p.add_argument("--sentence-pause-ms", type=int, default=250, help="silence after a segment that ends a sentence")
-    p.add_argument("--paragraph-pause-ms", type=int, default=750, help="silence after a paragraph")
-    p.add_argument("--segment-chars", type=int, default=300,
+    p.add_argument("--sentence-pause-ms", type=int, default=SENTENCE_PAUSE_MS, help="silence after a segment that ends a sentence")
+    p.add_argument("--paragraph-pause-ms", type=int, default=PARAGRAPH_PAUSE_MS, help="silence after a paragraph")
+    p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="segments (one talker request each) hold at most this many characters")
-    p.add_argument("--window", type=int, default=3, help="segments in flight at once, the one being written included")
+    p.add_argument("--window", type=int, default=NARRATION_WINDOW, help="segments in flight at once, the one being written included")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_log_level(p, "warning")
 
@@ -200,9 +201,9 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a request may run before it is ended (504, or a cut stream)")
     p.add_argument("--max-input-chars", type=int, default=200_000,
                    help="the longest speech input, in characters; an input longer than one segment is narrated")
-    p.add_argument("--segment-chars", type=int, default=300,
+    p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="a narrated input's segments (one talker request each) hold at most this many characters")
-    p.add_argument("--narration-window", type=int, default=3,
+    p.add_argument("--narration-window", type=int, default=NARRATION_WINDOW,
                    help="a narration's segments in flight at once, the one being delivered included")
     p.add_argument("--stream-idle-timeout", type=float, default=30.0,
                    help="WS /v1/audio/speech/stream: seconds without a message (or, in token mode, without text "

@@ -23,6 +23,7 @@ import numpy as np
 
 from omni_tts.audio.encoding import create_stream_encoder
 from omni_tts.audio.pcm import StreamEncoder, wav_header
+from omni_tts.entrypoints.shared_dir import write_atomic
 
 SIDECAR_SUFFIX = ".narration.json"
 SIDECAR_VERSION = 1
@@ -127,9 +128,4 @@ class NarrationFile:
     def _write_sidecar(self) -> None:
         saved = {"version": SIDECAR_VERSION, "identity": self.identity,
                  "segments": [asdict(d) for d in self.delivered]}
-        temporary = self.sidecar + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(saved, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.sidecar)
+        write_atomic(self.sidecar, json.dumps(saved, indent=1).encode())

@@ -20,6 +20,7 @@ from omni_tts.config.stage_config import InitialChunkFrames
 from omni_tts.entrypoints.voices import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
                                         MAX_REF_TEXT_CHARS)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+from omni_tts.orchestrator.segmenter import PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS
 
 # OpenAI's input limit, for every text field but a speech request's input: it also bounds the tokenizer's time per
 # request (one thread serves all requests); the talker's limits in tokens are checked when the request is tokenized
@@ -87,8 +88,8 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     word_timestamps: bool = False   # each word's start and end (the forced aligner: --forced-aligner)
     # a narrated input (longer than one segment): silence between its segments, and the segment it starts from (a
     # cut narration resumed: the tail of the same audio)
-    sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = 250
-    paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = 750
+    sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = SENTENCE_PAUSE_MS
+    paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = PARAGRAPH_PAUSE_MS
     start_segment: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     @property

@@ -37,7 +37,7 @@ from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
 from .client_protocol import TTSClient
-from .segmenter import Segment, segment_text
+from .segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS, Segment, segment_text
 from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
@@ -49,8 +49,8 @@ Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, r
 @dataclass(frozen=True)
 class Pauses:
     """Silence after a segment, by what ends it (a clause cut adds none: the sentence goes on)."""
-    sentence_s: float = 0.25
-    paragraph_s: float = 0.75
+    sentence_s: float = SENTENCE_PAUSE_MS / 1000
+    paragraph_s: float = PARAGRAPH_PAUSE_MS / 1000
 
     def after(self, segment: Segment) -> float:
         return {"sentence": self.sentence_s, "paragraph": self.paragraph_s}.get(segment.boundary, 0.0)
@@ -194,7 +194,7 @@ class Narration:
     "retried" and "delivered" (whole)."""
 
     def __init__(self, generate: Generate, template: SynthesisRequest, segments: list[Segment], request_id: str,
-                 window: int = 3, pauses: Pauses = Pauses(), start_segment: int = 0, design_once: bool = False,
+                 window: int = NARRATION_WINDOW, pauses: Pauses = Pauses(), start_segment: int = 0, design_once: bool = False,
                  retry: bool = True, ready: Callable[[], Awaitable[None]] | None = None,
                  on_event: Callable[[str], None] | None = None) -> None:
         if not 0 <= start_segment < len(segments):
@@ -215,15 +215,6 @@ class Narration:
         self.hidden: _Run | None = None     # segment 0 made again, unheard, for a narration resumed past it
         if design_once and len(segments) > 1:
             self.cloned = asyncio.get_running_loop().create_future()
-
-    @property
-    def total(self) -> int:
-        return len(self.segments)
-
-    @property
-    def in_flight(self) -> int:
-        """Segments started and not yet delivered whole (at most `window`)."""
-        return len(self.runs) + (self.hidden is not None and not self.hidden.task.done())
 
     async def request_for(self, segment: Segment, attempt: int) -> SynthesisRequest:
         template = self.template

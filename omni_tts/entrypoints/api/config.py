@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from omni_tts.audio.url_fetch import UrlPolicy
 from omni_tts.orchestrator.aligner_client import AlignerClient
+from omni_tts.orchestrator.segmenter import NARRATION_WINDOW, SEGMENT_CHARS
 from omni_tts.entrypoints.names import accepted_model_names
 from omni_tts.entrypoints.voices import QUOTA_BYTES
 from omni_tts.entrypoints.voices_manifest import VoiceManifest
@@ -31,8 +32,8 @@ class ServerConfig:
     aligner: AlignerClient | None = None       # the forced aligner (word_timestamps), started with the app; None:
                                                # the field is refused
     max_input_chars: int = 200_000             # a speech request's input; a longer one is a 400
-    segment_chars: int = 300                   # a narrated input's segments: at most this many characters each
-    narration_window: int = 3                  # a narration's segments in flight (the one delivered included)
+    segment_chars: int = SEGMENT_CHARS                   # a narrated input's segments: at most this many characters each
+    narration_window: int = NARRATION_WINDOW                  # a narration's segments in flight (the one delivered included)
     stream_idle_timeout: float = 30.0          # WS /v1/audio/speech/stream: seconds between messages, and of a
                                                # token-mode request without text, beyond which the session ends
 

@@ -13,7 +13,7 @@ from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .admission import Admission
 from .narration import narration_plan, open_narration
-from .responders import record_usage
+from .responders import record_usage, with_first
 from .state import ServerState
 
 
@@ -50,7 +50,7 @@ class NarratedUtterance:
         with Admission(state) as admission:
             async with open_narration(state, session.config, session.template, session.voice_version, segments,
                                       f"ws-{id(session):x}-{session.utterance_index}", admission) as (first, rest):
-                chunks = _chain(first, rest)
+                chunks = with_first(first, rest)
                 while (start := await anext(chunks, None)) is not None:
                     if start.usage is not None:
                         record_usage(state, start, arrived)
@@ -62,12 +62,6 @@ class NarratedUtterance:
 
     async def close(self) -> None:
         pass
-
-
-async def _chain(first: SpeechChunk, rest: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:
-    yield first
-    async for chunk in rest:
-        yield chunk
 
 
 async def _segment(start: SpeechChunk, chunks: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:

@@ -27,7 +27,8 @@ from .word_times import SentenceTimestamps, align_narration, align_segment, head
 logger = logging.getLogger(__name__)
 
 
-async def _rest(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:
+async def with_first(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:
+    """A request's chunks from its first (already taken) to its last."""
     yield first
     if first.usage is None:
         async for chunk in stream:
@@ -38,7 +39,7 @@ async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]
                   ) -> tuple[list[np.ndarray], SpeechChunk, list[SegmentEnd]]:
     """A request's audio, whole: its parts, its last chunk (which carries the usage) and, narrated, its segments."""
     parts, last, ends = [], first, []
-    async for chunk in _rest(first, stream):
+    async for chunk in with_first(first, stream):
         parts.append(chunk.audio)
         last = chunk
         if isinstance(chunk.segment, SegmentEnd):
@@ -166,7 +167,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
         if header:
             await response.write(header)
         try:
-            async for chunk in _rest(first, stream):
+            async for chunk in with_first(first, stream):
                 if chunk.audio.size:
                     await response.write(await encode_chunk(state, encoder, chunk.audio))
                 if chunk.usage is not None:
@@ -203,7 +204,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
     try:
         pending = encoder.start()
         try:
-            async for chunk in _rest(first, stream):
+            async for chunk in with_first(first, stream):
                 if isinstance(chunk.segment, SegmentStart):
                     await send({"type": "speech.segment", "index": chunk.segment.index, "total": chunk.segment.total,
                                 "text": chunk.segment.text, "audio_offset": round(chunk.segment.audio_offset, 6)})
