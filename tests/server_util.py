@@ -106,7 +106,7 @@ async def app_in_process(model_dir: str, **config):
 
     from omni_tts.config.stage_config import load_stage_config
     from omni_tts.entrypoints.api.app import build_app
-    from omni_tts.entrypoints.api.config import ServerConfig
+    from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.entrypoints.api.state import STATE
     from omni_tts.orchestrator.async_tts import AsyncTTS
 

@@ -20,8 +20,8 @@ from huggingface_hub.utils import validate_repo_id
 
 from omni_tts.config import available_stage_configs, load_stage_config
 from omni_tts.entrypoints.cli import build_parser
-from omni_tts.entrypoints.metrics import ServerMetrics
-from omni_tts.entrypoints.openapi import openapi_document
+from omni_tts.entrypoints.api.metrics import ServerMetrics
+from omni_tts.entrypoints.api.openapi import openapi_document
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))

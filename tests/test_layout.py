@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "omni_tts"
 MAX_LINES = 400
 # higher imports lower, never the other way; one rank may import within itself
-LAYERS = {"entrypoints": 4, "orchestrator": 3, "stages": 2, "engine": 1,
+LAYERS = {"entrypoints": 4, "orchestrator": 3, "stages": 2, "engine": 1, "voices": 1,
           "models": 0, "connectors": 0, "audio": 0, "config": 0}
 
 
@@ -102,3 +102,15 @@ def test_the_import_reader_sees_absolute_and_relative_imports(tmp_path, bad, exp
     finally:
         del MODULES["omni_tts.models._layout_probe"]
         probe.unlink()
+
+
+def test_a_module_name_means_one_thing():
+    """One name, one idea: a module's file name is used once in the package (`protocol`, `config`, `lifecycle` each
+    meant two things once). The model families are the exception, each with the same parts (its `model`, its
+    `checkpoint_config`, its `random_model`)."""
+    places: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name not in ("__init__.py", "__main__.py") and not module.startswith("omni_tts.models."):
+            places.setdefault(path.stem, []).append(module)
+    assert {name: found for name, found in places.items() if len(found) > 1} == {}
+

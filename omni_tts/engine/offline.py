@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
 from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling, SamplingError, resolve_sampling

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .talker_runner import TalkerRunner

@@ -20,7 +20,7 @@ import logging
 import numpy as np
 import torch
 
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import KVCache
 from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths
 from omni_tts.models.qwen3_tts.talker import Talker

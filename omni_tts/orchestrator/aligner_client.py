@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from omni_tts.config.stage_config import AlignerStageConfig
 from omni_tts.stages import aligner_stage
-from omni_tts.stages.protocol import (
+from omni_tts.stages.messages import (
     Abort,
     AlignerEvent,
     AlignerLaunch,

@@ -22,11 +22,11 @@ import numpy as np
 from omni_tts.config import PipelineConfig
 from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.engine.token_limit import token_limit
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
-from omni_tts.stages.protocol import AddRequest, AppendText, StageStats
+from omni_tts.stages.messages import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
 from .stage_client import RequestState, StageClient

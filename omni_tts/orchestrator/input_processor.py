@@ -17,12 +17,12 @@ import numpy as np
 
 from omni_tts.config import PipelineConfig
 from omni_tts.engine.token_limit import token_limit
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, read_json
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig, read_json
 from omni_tts.models.qwen3_tts.model import reference_audio_24k
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, PromptLimits, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling, SamplingError, SamplingParams, resolve_sampling
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
-from omni_tts.stages.protocol import AddRequest, EmbedVoice
+from omni_tts.stages.messages import AddRequest, EmbedVoice
 
 
 class InputProcessor:

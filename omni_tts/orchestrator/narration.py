@@ -32,11 +32,11 @@ import msgspec
 import numpy as np
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
-from .client_protocol import TTSClient
+from .tts_client import TTSClient
 from .segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS, Segment, segment_text
 from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 

@@ -22,7 +22,7 @@ from omni_tts.config import PipelineConfig, set_torch_threads
 from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
-from omni_tts.stages.protocol import StageStats
+from omni_tts.stages.messages import StageStats
 
 from .async_tts import AsyncTTS, TextStream
 from .types import ENGINE_ERRORS, EngineError, RequestError, SpeechChunk, StageDeadError

@@ -1,4 +1,4 @@
-"""The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (client_protocol.py) over a Ray Serve
+"""The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (tts_client.py) over a Ray Serve
 deployment of EngineReplica (ray_replica.py), so the HTTP layer (`entrypoints/api/`) serves every route as it does
 over a local engine.
 
@@ -24,9 +24,9 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from omni_tts.config import PipelineConfig
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
-from omni_tts.stages.protocol import StageStats
+from omni_tts.stages.messages import StageStats
 
 from .input_processor import load_prompts
 from .types import SpeechChunk, StageDeadError
@@ -172,7 +172,7 @@ class RayTTS:
 
 
 class RayTextStream:
-    """client_protocol.SpeechTextStream of a text_session call."""
+    """tts_client.SpeechTextStream of a text_session call."""
 
     def __init__(self, relay: ray.actor.ActorHandle, session: str, chunks: AsyncIterator) -> None:
         self.relay, self.session, self.chunks = relay, session, chunks

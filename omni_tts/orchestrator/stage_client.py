@@ -17,7 +17,7 @@ import numpy as np
 
 from omni_tts.config import PipelineConfig
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
+from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
                                       Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
                                       VoiceEmbedding)
 

@@ -32,7 +32,7 @@ from omni_tts.connectors import cleanup_stale_segments
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
-from omni_tts.stages.protocol import AlignerLaunch, Shutdown, StageLaunch
+from omni_tts.stages.messages import AlignerLaunch, Shutdown, StageLaunch
 
 from .processes import exit_description, stop_process
 from .types import StageDeadError

@@ -25,7 +25,7 @@ from omni_tts.log import configure_logging
 from omni_tts.models.qwen3_forced_aligner.aligner import AlignItem, ForcedAligner
 
 from .common import fail_process, name_process
-from .protocol import (Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown,
+from .messages import (Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown,
                        StageFailed)
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
 from . import aligner_stage
 from .common import StageIO, run_stage
-from .protocol import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram, GetStats,
+from .messages import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram, GetStats,
                        Ready, Register, Shutdown, StageLaunch, StageStats)
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from omni_tts.config.threads import set_torch_threads
 from omni_tts.connectors.shm_ring import cleanup_stale_segments
 from omni_tts.log import configure_logging
 
-from .protocol import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
+from .messages import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
 
 logger = logging.getLogger(__name__)
 

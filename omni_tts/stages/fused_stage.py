@@ -21,7 +21,7 @@ from omni_tts.connectors.local import LocalSpec, local_pair
 
 from .code2wav_stage import Code2WavStage
 from .common import fail_process, run_stages
-from .protocol import StageLaunch
+from .messages import StageLaunch
 from .talker_stage import TalkerStage
 
 

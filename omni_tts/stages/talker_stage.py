@@ -22,7 +22,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import embed_prompt, embed_text
 
 from .common import StageIO, run_stage
-from .protocol import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice, GetStats,
+from .messages import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice, GetStats,
                        Ready, Shutdown, StageLaunch, StageStats, TalkerDone, VoiceEmbedding)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
 

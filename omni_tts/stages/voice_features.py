@@ -29,7 +29,7 @@ import torch
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 
-from .protocol import AddRequest, EmbedVoice
+from .messages import AddRequest, EmbedVoice
 
 WORKER_NICENESS = 5  # CPU: on top of the stage's; streams keep their pace, admission waits when cores are short
 MAX_CACHED_VOICES = 256

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from omni_tts.models.qwen3_tts.config import ConfigError, Qwen3TTSConfig, SpeechTokenizerConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import ConfigError, Qwen3TTSConfig, SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.random_model import speech_tokenizer_config_dict, tts_config_dict
 
 

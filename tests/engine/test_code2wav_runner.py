@@ -7,7 +7,7 @@ import torch
 from conftest import FIXTURES, load_component
 from omni_tts.engine.code2wav_engine import Code2WavEngine
 from omni_tts.engine.code2wav_runner import FRAME_SIZES, Code2WavRunner, frame_pieces
-from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 
 # the goldens' tolerance for the decoder alone (tests/fixtures/qwen3_tts/README.md)

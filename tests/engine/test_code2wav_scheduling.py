@@ -15,10 +15,10 @@ from omni_tts.connectors.shm_ring import RingOwner
 from omni_tts.engine.code2wav_engine import Code2WavEngine, measure_frame_budget
 from omni_tts.engine.code2wav_runner import Code2WavRunner
 from omni_tts.engine.code2wav_scheduler import CodecChunk, Code2WavScheduler
-from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 from omni_tts.stages import code2wav_stage
-from omni_tts.stages.protocol import Heartbeat, Ready, Shutdown, StageEvent, StageLaunch
+from omni_tts.stages.messages import Heartbeat, Ready, Shutdown, StageEvent, StageLaunch
 
 FRAME_SECONDS = 0.08
 

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FIXTURES
-from omni_tts.entrypoints.metrics import StageCollector
-from omni_tts.stages.protocol import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
+from omni_tts.entrypoints.api.metrics import StageCollector
+from omni_tts.stages.messages import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
 from server_util import ServerProcess
 
 MODEL = "metrics-model"

@@ -45,7 +45,7 @@ CUT_AFTER = 3   # segments whole in the file when a run is cut
 CUT = """
 import os, signal, sys
 from omni_tts.entrypoints.cli import main
-from omni_tts.entrypoints.narration_file import NarrationFile
+from omni_tts.entrypoints.cli.narration_file import NarrationFile
 
 write, how = NarrationFile.write, sys.argv[1]
 

@@ -16,9 +16,9 @@ from openapi_spec_validator import validate
 
 from conftest import FIXTURES
 from omni_tts.config.stage_config import load_stage_config
-from omni_tts.entrypoints.openapi import openapi_document
+from omni_tts.entrypoints.api.openapi import openapi_document
 from omni_tts.entrypoints.api.app import build_app
-from omni_tts.entrypoints.api.config import ServerConfig
+from omni_tts.entrypoints.api.server_config import ServerConfig
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from server_util import ServerProcess
 
@@ -115,7 +115,7 @@ def test_the_docs_page_and_the_playground_ship_in_the_wheel(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
                     "--wheel-dir", str(tmp_path), str(source)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("omni_tts-*.whl")
-    static = root / "omni_tts" / "entrypoints" / "static"
+    static = root / "omni_tts" / "entrypoints" / "api" / "static"
     shipped = [static / "docs.html", *sorted((static / "playground").iterdir())]
     assert len(shipped) > 2
     with zipfile.ZipFile(wheel) as archive:

@@ -483,8 +483,8 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
     streamed mp3 (encoded in the audio pool, its ref_audio decoded there too) is answered meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from omni_tts.entrypoints.shared_dir import exclusive
-    from omni_tts.entrypoints.voices import LOCK_FILE
+    from omni_tts.voices.shared_dir import exclusive
+    from omni_tts.voices.store import LOCK_FILE
 
     clip = REF_WAV.read_bytes()
     names = [f"lock-waiter-{i}" for i in range(6)]  # more than the audio pool's 4 threads
@@ -538,7 +538,7 @@ def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
 
 def test_one_mapping_from_engine_errors_to_statuses():
     from omni_tts.entrypoints.api.errors import api_error
-    from omni_tts.entrypoints.protocol import ApiError
+    from omni_tts.entrypoints.api.schema import ApiError
     from omni_tts.models.qwen3_tts.prompt import RequestError
     from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 

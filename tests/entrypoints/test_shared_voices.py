@@ -1,4 +1,4 @@
-"""Replicas sharing one voices dir (voices.py): each replica is a VoiceStore of its own on the same directory —
+"""Replicas sharing one voices dir (voices/store.py): each replica is a VoiceStore of its own on the same directory —
 in this process, where its lock and index are still its own, or in real processes racing each other. The HTTP
 side (two servers on one dir) is in test_server.py, beside the server it reuses."""
 import json
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni_tts.entrypoints import voices as voices_module
-from omni_tts.entrypoints.voices import CLOCK_FILE, LOCK_FILE, VoiceError, VoiceStore, VoiceStoreBackend
+from omni_tts.voices import store as voices_module
+from omni_tts.voices.store import CLOCK_FILE, LOCK_FILE, VoiceError, VoiceStore, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.audio import resampled_length
 from test_voices import CLIP, CLIP_22K, CLIP_WAV, N_22K, age, files_under
 

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import FIXTURES
 from omni_tts.engine.offline import synthesize
-from omni_tts.entrypoints.voices import VoiceStore
+from omni_tts.voices.store import VoiceStore
 from omni_tts.models.qwen3_tts.audio import load_audio
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams

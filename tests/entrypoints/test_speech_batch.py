@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
-from omni_tts.entrypoints.protocol import MAX_BATCH_ITEMS
+from omni_tts.entrypoints.api.schema import MAX_BATCH_ITEMS
 from server_util import ServerProcess, request, stage_pids
 from test_server import GREEDY, MODEL, assert_pcm_close
 

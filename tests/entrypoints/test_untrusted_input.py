@@ -15,7 +15,7 @@ from audio_util import flac_claiming
 from conftest import FIXTURES
 from omni_tts.audio.ref_audio import URL_FAILED
 from omni_tts.entrypoints.cli import main
-from omni_tts.entrypoints.voices import MAX_REF_TEXT_CHARS
+from omni_tts.voices.store import MAX_REF_TEXT_CHARS
 from server_util import ServerProcess, free_port, request
 
 MODEL = "qwen3-tts"

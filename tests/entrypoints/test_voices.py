@@ -24,7 +24,7 @@ from server_util import free_port
 import omni_tts.audio.ref_audio as ref_audio_module
 from omni_tts.audio.ref_audio import URL_FAILED, RefAudioError, decode_reference, fetch_ref_audio
 from omni_tts.audio.url_fetch import RemoteAudioFetcher, UrlPolicy
-from omni_tts.entrypoints.voices import (CLOCK_FILE, LOCK_FILE, MAX_REF_TEXT_CHARS, ORPHAN_GRACE_S, VoiceError,
+from omni_tts.voices.store import (CLOCK_FILE, LOCK_FILE, MAX_REF_TEXT_CHARS, ORPHAN_GRACE_S, VoiceError,
                                         VoiceRecord, VoiceStore, validate_name)
 from omni_tts.models.qwen3_tts.audio import load_audio, resampled_length
 
@@ -427,7 +427,7 @@ def test_persistence_and_corrupt_entries(tmp_path, caplog):
     (root / "bee" / "clip-0-dead.wav").write_bytes(CLIP)  # a replaced version a crash left behind
     age(root / "bee" / ".tmp-leftover", root / "bee" / "clip-0-dead.wav")
     (root / "stray.txt").write_text("not a voice")
-    with caplog.at_level(logging.WARNING, logger="omni_tts.entrypoints.voices"):
+    with caplog.at_level(logging.WARNING, logger="omni_tts.voices.store"):
         restored = VoiceStore(str(root))
     assert [v.name for v in restored.list()] == ["Bee"]
     record, samples = restored.load("bee")

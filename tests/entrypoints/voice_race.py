@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from omni_tts.entrypoints.voices import VoiceError, VoiceStore
+from omni_tts.voices.store import VoiceError, VoiceStore
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 CLIPS = [(FIXTURES / "ref_voice.wav").read_bytes(), (FIXTURES / "ref_voice_22k.wav").read_bytes()]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import FIXTURES
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer

@@ -15,7 +15,7 @@ from omni_tts.models.qwen3_tts.model import SpeechTokenizerWeights
 from omni_tts.models.qwen3_tts.random_model import randomize_speech_tokenizer
 from omni_tts.models.qwen3_tts.weights import WeightsError, load_strict, read_tensors, safetensors_files
 
-from omni_tts.models.qwen3_tts.config import SpeechTokenizerConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 from omni_tts.models.qwen3_tts import decoder_convs
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests, load_component
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.engine.offline import generate_codes
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, embed_prompt

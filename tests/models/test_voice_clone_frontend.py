@@ -18,7 +18,7 @@ from safetensors.numpy import load_file as load_np
 from safetensors.torch import load_file as load_pt
 
 from omni_tts.models.qwen3_tts.audio import load_audio, load_audio_24k, resample_to, resampled_length
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig, SpeakerEncoderConfig, SpeechTokenizerConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig, SpeakerEncoderConfig, SpeechTokenizerConfig
 from omni_tts.models.qwen3_tts.mimi_config import MimiEncoderConfig
 from omni_tts.models.qwen3_tts.speaker_encoder import (SpeakerEncoder, extract_speaker_embedding, mel_spectrogram,
                                                        slaney_mel_filterbank)

@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURES
 from omni_tts.config import load_stage_config
 from omni_tts.engine.offline import prepare, synthesize
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, PromptLimits, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams

@@ -2,7 +2,7 @@
 import collections
 
 from omni_tts.stages.aligner_stage import _take_batch
-from omni_tts.stages.protocol import AlignSegment
+from omni_tts.stages.messages import AlignSegment
 
 
 def segment(name: str, seconds: float) -> AlignSegment:

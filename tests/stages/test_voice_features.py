@@ -26,7 +26,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
 from omni_tts.orchestrator.async_tts import AsyncTTS
-from omni_tts.stages.protocol import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
+from omni_tts.stages.messages import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
                                       TalkerDone)
 from omni_tts.stages.talker_stage import TalkerStage
 from omni_tts.stages.voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker

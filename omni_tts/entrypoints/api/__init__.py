@@ -1,3 +1,3 @@
-"""The HTTP and WebSocket API: one aiohttp app (app.py) over an engine (orchestrator/client_protocol.TTSClient),
+"""The HTTP and WebSocket API: one aiohttp app (app.py) over an engine (orchestrator/tts_client.TTSClient),
 one module per route family and one per concern the routes share (config, state, admission, errors, auth, access
 log)."""

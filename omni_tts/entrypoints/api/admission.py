@@ -1,7 +1,7 @@
 """Admission: the slots of --max-queue, taken before any expensive work a request causes."""
 from __future__ import annotations
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.schema import ApiError
 
 from .errors import unavailable_message
 from .in_flight import STOPPING

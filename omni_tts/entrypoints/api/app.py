@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (client_protocol.TTSClient): the
+"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (tts_client.TTSClient): the
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from omni_tts.entrypoints.names import VoiceNames
-from omni_tts.entrypoints.openapi import openapi_routes
-from omni_tts.entrypoints.playground import playground_routes
-from omni_tts.orchestrator.client_protocol import TTSClient
+from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.entrypoints.api.openapi import openapi_routes
+from omni_tts.entrypoints.api.playground import playground_routes
+from omni_tts.orchestrator.tts_client import TTSClient
 
 from .access_log import send_request_id
 from .auth import SPEECH_STREAM_PATH, api_key_middleware
-from .config import ServerConfig
+from .server_config import ServerConfig
 from .cors import Cors
 from .errors import error_middleware
 from .in_flight import InFlight

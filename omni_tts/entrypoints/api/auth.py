@@ -8,8 +8,8 @@ from typing import Callable
 
 from aiohttp import hdrs, web
 
-from omni_tts.entrypoints.openapi import is_open_route
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.openapi import is_open_route
+from omni_tts.entrypoints.api.schema import ApiError
 
 SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
 # A browser's WebSocket cannot send headers, only subprotocols: on the stream route the key may come as the

@@ -7,8 +7,8 @@ import logging
 
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import ApiError
-from omni_tts.orchestrator.client_protocol import TTSClient
+from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.orchestrator.types import (ENGINE_ERRORS, EngineError, RequestError, RequestFailed, RequestTimedOut,
                                          StageDeadError)
 

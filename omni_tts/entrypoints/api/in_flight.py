@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.schema import ApiError
 
 from .errors import error_response
 

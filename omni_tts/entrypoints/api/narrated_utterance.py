@@ -1,5 +1,5 @@
 """WS /v1/audio/speech/stream, split_granularity `none`: an utterance of any length, spoken at input.done as a
-narration (api/narration.py): each segment is the protocol's sentence (audio.start, its audio and the pause after
+narration (api/narrated_speech.py): each segment is the protocol's sentence (audio.start, its audio and the pause after
 it, audio.done with its offset and duration), the segments pipelined as an HTTP narration's are."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from omni_tts.entrypoints.protocol import ApiError, SessionConfig
+from omni_tts.entrypoints.api.schema import ApiError, SessionConfig
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .admission import Admission
-from .narration import narration_plan, open_narration
+from .narrated_speech import narration_plan, open_narration
 from .responders import record_usage, with_first
 from .state import ServerState
 

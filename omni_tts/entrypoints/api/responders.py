@@ -15,7 +15,7 @@ from aiohttp import web
 from omni_tts.audio.encoding import content_type, create_stream_encoder, encode_audio, output_sample_rate
 from omni_tts.audio.pcm import UNCOMPRESSED, StreamEncoder
 from omni_tts.audio.speed import change_speed
-from omni_tts.entrypoints.protocol import SpeechOptions, SpeechRequest
+from omni_tts.entrypoints.api.schema import SpeechOptions, SpeechRequest
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 

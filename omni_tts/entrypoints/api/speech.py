@@ -10,13 +10,13 @@ import time
 import msgspec
 from aiohttp import web
 
-from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER, VoiceChoice
-from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, JSON_RESPONSE, REPLICA_HEADER, ApiError,
+from omni_tts.entrypoints.api.names import VOICE_IGNORED_HEADER, VoiceChoice
+from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, JSON_RESPONSE, REPLICA_HEADER, ApiError,
                                            SpeechRequest, decode_speech_request, describe_fields)
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
-from .narration import is_narrated, narration_plan, open_narration
+from .narrated_speech import is_narrated, narration_plan, open_narration
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_speech, open_speech

@@ -27,7 +27,7 @@ import time
 import msgspec
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import (FIELD_ALIASES, IGNORED_FIELDS_HEADER, JSON_RESPONSE, MAX_BATCH_AUDIO_BYTES,
+from omni_tts.entrypoints.api.schema import (FIELD_ALIASES, IGNORED_FIELDS_HEADER, JSON_RESPONSE, MAX_BATCH_AUDIO_BYTES,
                                            ApiError,
                                            SpeechBatchRequest, SpeechRequest, decode_json, decode_speech_options,
                                            describe_fields)
@@ -35,7 +35,7 @@ from omni_tts.entrypoints.protocol import (FIELD_ALIASES, IGNORED_FIELDS_HEADER,
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .errors import REQUEST_ERRORS, api_error
-from .narration import is_narrated, narration_plan
+from .narrated_speech import is_narrated, narration_plan
 from .responders import collect, encode_whole, record_usage, usage_json
 from .speech import read_body
 from .state import STATE, ServerState

@@ -39,7 +39,7 @@ from typing import AsyncIterator, Callable
 from aiohttp import WSMsgType, web
 
 from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
-from omni_tts.entrypoints.protocol import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
+from omni_tts.entrypoints.api.schema import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE

@@ -9,16 +9,16 @@ from typing import Callable, TypeVar
 from aiohttp import web
 
 from omni_tts.audio.url_fetch import RemoteAudioFetcher
-from omni_tts.entrypoints.array_lru import ArrayLRU
-from omni_tts.entrypoints.metrics import ServerMetrics
-from omni_tts.entrypoints.names import VoiceNames
-from omni_tts.entrypoints.voices import VoiceStore, VoiceStoreBackend
-from omni_tts.entrypoints.voices_manifest import VoicesWithManifest
+from omni_tts.voices.array_lru import ArrayLRU
+from omni_tts.entrypoints.api.metrics import ServerMetrics
+from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.voices.store import VoiceStore, VoiceStoreBackend
+from omni_tts.voices.manifest import VoicesWithManifest
 from omni_tts.orchestrator.aligner_client import AlignerClient
-from omni_tts.orchestrator.client_protocol import TTSClient
-from omni_tts.stages.protocol import StageStats
+from omni_tts.orchestrator.tts_client import TTSClient
+from omni_tts.stages.messages import StageStats
 
-from .config import ServerConfig
+from .server_config import ServerConfig
 from .in_flight import InFlight
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voice_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-voices")
-        # another VoiceStoreBackend (voice_backend.py: an object store) would be built here
+        # another VoiceStoreBackend (voices/backend.py: an object store) would be built here
         self.voices: VoiceStoreBackend | None = (
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
         if config.voices_manifest is not None:

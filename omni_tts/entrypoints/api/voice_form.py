@@ -7,7 +7,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from omni_tts.entrypoints.protocol import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, VoiceUpload,
+from omni_tts.entrypoints.api.schema import (VOICE_FORM_ALIASES, VOICE_FORM_FILES, ApiError, VoiceUpload,
                                            decode_voice_upload)
 
 logger = logging.getLogger(__name__)

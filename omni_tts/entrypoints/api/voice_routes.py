@@ -1,14 +1,14 @@
 """GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name} and GET /v1/audio/voices/{name}/embedding: the
-uploaded voices (entrypoints/voices.py), clips or speaker embeddings."""
+uploaded voices (voices/store.py), clips or speaker embeddings."""
 from __future__ import annotations
 
 from typing import Callable, TypeVar
 
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import ApiError
-from omni_tts.entrypoints.voice_backend import UPLOADS_DISABLED
-from omni_tts.entrypoints.voices import VoiceError, VoiceStoreBackend
+from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.voices.backend import UPLOADS_DISABLED
+from omni_tts.voices.store import VoiceError, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
 from .state import STATE, ServerState

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.entrypoints.api.schema import ApiError, SpeechOptions
 from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.models.qwen3_forced_aligner.words import split_words
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE

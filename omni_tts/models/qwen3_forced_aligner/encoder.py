@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import AudioEncoderConfig
+from .checkpoint_config import AudioEncoderConfig
 
 
 def conv_output_length(frames: int) -> int:

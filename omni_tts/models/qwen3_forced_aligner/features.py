@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..qwen3_tts.audio import resample_to
-from .config import SAMPLE_RATE
+from .checkpoint_config import SAMPLE_RATE
 
 N_FFT, HOP = 400, 160
 

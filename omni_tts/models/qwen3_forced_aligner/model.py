@@ -10,7 +10,7 @@ from torch import nn
 
 from ..qwen3_tts.layers import DecoderStack, KVCache, causal_mask
 from ..qwen3_tts.weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
-from .config import AlignerConfig
+from .checkpoint_config import AlignerConfig
 from .encoder import AudioEncoder
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..qwen3_tts.random_model import _noise, _save, _write_json, atomic_directory, generated_once
 from ..qwen3_tts.text_tokenizer import write_text_tokenizer_files
-from .config import AlignerConfig
+from .checkpoint_config import AlignerConfig
 
 PRESETS = ("tiny", "0.6b")
 TIMESTAMP_TOKEN_ID, AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = 151705, 151669, 151670, 151676

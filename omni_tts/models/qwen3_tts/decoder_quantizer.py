@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import SpeechDecoderConfig
+from .checkpoint_config import SpeechDecoderConfig
 
 
 class Codebook(nn.Module):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import SpeechDecoderConfig
+from .checkpoint_config import SpeechDecoderConfig
 from .decoder_state import DecoderStreamState
 from .layers import LayerScale, RMSNorm, apply_rope, rope_cos_sin
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecoderLMConfig
+from .checkpoint_config import DecoderLMConfig
 
 
 class RMSNorm(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError
+from .checkpoint_config import ConfigError
 
 # transformers' MimiConfig defaults: the released encoder_config leaves most fields at these (model doc §11)
 MIMI_DEFAULTS: dict[str, Any] = dict(

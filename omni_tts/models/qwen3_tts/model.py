@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .audio import SAMPLE_RATE, load_audio, resample_to
-from .config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
+from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
 from .mimi_config import MimiEncoderConfig
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding

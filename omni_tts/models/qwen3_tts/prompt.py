@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from .config import Qwen3TTSConfig
+from .checkpoint_config import Qwen3TTSConfig
 from .sampling import SamplingParams
 from .talker import Talker
 from .text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD, TEMPLATE_TAIL, split_template, strip_leading_newlines

@@ -21,9 +21,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import MODEL_TYPES as VARIANTS
-from .config import RANDOM_MODEL_PRESETS as PRESETS
-from .config import Qwen3TTSConfig, SpeechTokenizerConfig
+from .checkpoint_config import MODEL_TYPES as VARIANTS
+from .checkpoint_config import RANDOM_MODEL_PRESETS as PRESETS
+from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig
 from .text_tokenizer import write_text_tokenizer_files
 
 TOP_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671, tts_bos_token_id=151672,

@@ -2,7 +2,7 @@
 config and the CLI can import it.
 
 `SamplingParams` states the fields and their bounds (msgspec Meta) once: the HTTP request schema inherits it
-(entrypoints/protocol.py), the stage YAML's `sampling:` defaults are `SamplingDefaults` (config/stage_config.py, which
+(entrypoints/api/schema.py), the stage YAML's `sampling:` defaults are `SamplingDefaults` (config/stage_config.py, which
 checks them at start-up), and `validate` checks the same bounds for a request built in Python. Resolution order:
 the request, then the server's defaults, then the checkpoint's generation_config.json, then the reference wrapper's
 fallbacks.

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .audio import SAMPLE_RATE
-from .config import SpeakerEncoderConfig
+from .checkpoint_config import SpeakerEncoderConfig
 
 # Mel constants are fixed in the reference (not read from the config).
 N_FFT = 1024

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .config import SpeechDecoderConfig
+from .checkpoint_config import SpeechDecoderConfig
 from .decoder_convs import CausalConv1d, CausalConvTranspose1d, DecoderBlock, SnakeBeta, UpsampleStage
 from .decoder_quantizer import SplitRVQ
 from .decoder_state import DecoderStreamState

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .config import TalkerConfig
+from .checkpoint_config import TalkerConfig
 from .layers import DecoderStack, KVCache, causal_mask, rope_cos_sin
 
 

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .config import WeightsError
+from .checkpoint_config import WeightsError
 
 
 def resolve_model_dir(model: str) -> str:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 from omni_tts import package_version
 from omni_tts.config import available_stage_configs
-from omni_tts.entrypoints.serve import print_error, serve_on, serve_with
+from omni_tts.entrypoints.cli.serve import print_error, serve_on, serve_with
 from omni_tts.log import LOG_LEVELS, configure_logging
-from omni_tts.models.qwen3_tts.config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
+from omni_tts.models.qwen3_tts.checkpoint_config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
 from omni_tts.orchestrator.segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SEGMENT_CHARS, SENTENCE_PAUSE_MS
 
 FORCED_ALIGNER = "forced_aligner"
@@ -244,7 +244,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
     except ImportError:
         print_error(args.command, "Ray Serve is not installed; install it with: pip install -e '.[ray]'")
         return 1
-    from omni_tts.entrypoints import serve_ray
+    from omni_tts.entrypoints.cli import serve_ray
 
     ref_audio_urls = _check_server_arguments(args)
     serve_ray.check_arguments(args)
@@ -257,7 +257,7 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
-    from omni_tts.entrypoints.protocol import MAX_INPUT_CHARS
+    from omni_tts.entrypoints.api.schema import MAX_INPUT_CHARS
     if not 1 <= args.max_input_chars <= MAX_INPUT_CHARS:
         raise ValueError(f"--max-input-chars must be in 1..{MAX_INPUT_CHARS}, got {args.max_input_chars}")
     if args.segment_chars < 20 or args.narration_window < 1:
@@ -325,7 +325,7 @@ def _synthesize(args: argparse.Namespace) -> int:
 
 
 def _narrate(args: argparse.Namespace) -> int:
-    from omni_tts.entrypoints.narrate import run
+    from omni_tts.entrypoints.cli.narrate import run
 
     return run(args)
 
@@ -378,6 +378,3 @@ def main(argv: list[str] | None = None) -> int:
         print_error(args.command, str(e))
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

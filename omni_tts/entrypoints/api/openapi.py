@@ -19,9 +19,9 @@ import msgspec
 from aiohttp import web
 
 from omni_tts.audio.encoding import content_type
-from omni_tts.entrypoints.names import VOICE_IGNORED_HEADER
-from omni_tts.entrypoints.playground import playground_asset_names
-from omni_tts.entrypoints.protocol import (IGNORED_FIELDS_HEADER, MAX_BATCH_AUDIO_BYTES, MAX_BATCH_ITEMS,
+from omni_tts.entrypoints.api.names import VOICE_IGNORED_HEADER
+from omni_tts.entrypoints.api.playground import playground_asset_names
+from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AUDIO_BYTES, MAX_BATCH_ITEMS,
                                            REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
                                            ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
 
@@ -371,7 +371,7 @@ def openapi_routes(model_names: Sequence[str], api_key_required: bool,
                    strict_fields: bool = False) -> list[web.RouteDef]:
     """GET /openapi.json, answering the document serialized once, and GET /docs, the page that renders it."""
     body = json.dumps(openapi_document(model_names, api_key_required, strict_fields)).encode()
-    page = importlib.resources.files("omni_tts.entrypoints").joinpath("static/docs.html").read_bytes()
+    page = importlib.resources.files("omni_tts.entrypoints.api").joinpath("static/docs.html").read_bytes()
 
     async def serve_openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")

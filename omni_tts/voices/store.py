@@ -1,7 +1,7 @@
 """Uploaded voices (Base voice cloning): `VoiceStore`, the default voice store, a directory that every replica of
 the server shares. The interface it implements, and the contract any store owes the server (consistency across
-replicas, atomic versioned writes, `created_at`, names, upload checks, status codes), is voice_backend.py's
-`VoiceStoreBackend`; its names are re-exported here. Layout and the atomic write: voice_meta.py. Replicas share
+replicas, atomic versioned writes, `created_at`, names, upload checks, status codes), is voices/backend.py's
+`VoiceStoreBackend`; its names are re-exported here. Layout and the atomic write: voices/meta.py. Replicas share
 the directory: a local disk for replicas on one host, a network file system for several hosts (shared_dir.py says
 what the file system must provide).
 
@@ -56,14 +56,14 @@ from typing import Iterator
 import numpy as np
 
 from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS
-from omni_tts.entrypoints.array_lru import ArrayLRU
-from omni_tts.entrypoints.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
+from omni_tts.voices.array_lru import ArrayLRU
+from omni_tts.voices.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
                                              write_atomic)
-from omni_tts.entrypoints.voice_backend import (EMBEDDING_MIME_TYPE, MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS,
+from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS,
                                                 MAX_EMBEDDING_VALUES, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
                                                 CheckedUpload, VoiceError, VoiceRecord, VoiceStoreBackend,
                                                 check_embedding_upload, check_upload, validate_name, voice_key)
-from omni_tts.entrypoints.voice_meta import (EMBEDDING_FORMAT, META, decode_voice_file, is_voice_file, meta_bytes,
+from omni_tts.voices.meta import (EMBEDDING_FORMAT, META, decode_voice_file, is_voice_file, meta_bytes,
                                              parse_meta, unreadable)
 
 __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_EMBEDDING_VALUES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..qwen3_tts.config import ConfigError, DecoderLMConfig, _Reader, read_json
+from ..qwen3_tts.checkpoint_config import ConfigError, DecoderLMConfig, _Reader, read_json
 
 SAMPLE_RATE = 16000  # what the encoder hears: every clip is resampled to it first
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.schema import ApiError
 
 OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
 # OpenAI's built-in TTS voices, in the order of its API reference (the order the fallback rule counts in)

@@ -9,9 +9,9 @@ from typing import Protocol
 
 import numpy as np
 
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, SynthesisRequest
-from omni_tts.stages.protocol import StageStats
+from omni_tts.stages.messages import StageStats
 
 from .types import SpeechChunk
 

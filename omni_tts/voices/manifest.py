@@ -9,7 +9,7 @@ The file (JSON, or YAML when it ends in .yaml / .yml) lists the voices:
 Each entry has one source: `audio`, a clip (a path relative to the manifest's folder, or absolute), or
 `embedding`, the speaker encoder's vector (as `GET /v1/audio/voices/{name}/embedding` gives it: x-vector-only
 cloning). `ref_text` (a clip's transcript: in-context cloning, else x-vector), `consent` and `speaker_description`
-are optional. Each entry passes the checks an upload passes (`voice_backend.check_upload` for a clip: name, size,
+are optional. Each entry passes the checks an upload passes (`backend.check_upload` for a clip: name, size,
 container, 1–30 s, text lengths; `prompt.check_speaker_embedding` against the served checkpoint for a vector), and
 names are unique case-insensitively; the first entry that fails stops the server with one line naming it. Base
 checkpoints only.
@@ -31,10 +31,10 @@ import msgspec
 import msgspec.yaml
 import numpy as np
 
-from omni_tts.entrypoints.voice_backend import (EMBEDDING_MIME_TYPE, MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceError,
+from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceError,
                                                 VoiceRecord, VoiceStoreBackend, check_embedding_upload, check_upload,
                                                 voice_key)
-from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
 logger = logging.getLogger(__name__)

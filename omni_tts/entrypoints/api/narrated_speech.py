@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from omni_tts.entrypoints.protocol import ApiError, SpeechOptions
+from omni_tts.entrypoints.api.schema import ApiError, SpeechOptions
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.orchestrator.narration import (Narration, Pauses, designs_its_voice, plan_segments, segment_template,
                                              wait_until_serving)

@@ -22,10 +22,10 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from omni_tts.entrypoints.names import VoiceNames
-from omni_tts.entrypoints.narration_file import NarrationFile
-from omni_tts.entrypoints.protocol import MAX_PAUSE_MS, ApiError
-from omni_tts.entrypoints.serve import load_pipeline, print_error
+from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.entrypoints.cli.narration_file import NarrationFile
+from omni_tts.entrypoints.api.schema import MAX_PAUSE_MS, ApiError
+from omni_tts.entrypoints.cli.serve import load_pipeline, print_error
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED, SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS

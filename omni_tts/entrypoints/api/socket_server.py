@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.schema import ApiError
 
 if TYPE_CHECKING:  # imported where they are used: the loading server answers before these (and torch) are loaded
-    from omni_tts.orchestrator.client_protocol import TTSClient
+    from omni_tts.orchestrator.tts_client import TTSClient
 
-    from .config import ServerConfig
+    from .server_config import ServerConfig
 
     # what loading yields: the engine (not started), the app's config and the line to log once it serves
     Loaded = tuple[TTSClient, ServerConfig, str]

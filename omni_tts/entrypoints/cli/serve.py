@@ -1,6 +1,6 @@
 """The serve bootstrap that `omni-tts serve` and `omni-tts serve-ray` share: bind the port before the model
 loads, load the checkpoint and stage config, build the engine (`serve_on`; serve_ray.py builds its own), serve the
-app until SIGINT/SIGTERM (`api/lifecycle.py`: 503 while loading, a drain, a second signal ends it now) and say
+app until SIGINT/SIGTERM (`api/socket_server.py`: 503 while loading, a drain, a second signal ends it now) and say
 `ready: …` once it serves."""
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from omni_tts import package_version
 if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before these (and torch) are loaded
     from omni_tts.audio.url_fetch import UrlPolicy
     from omni_tts.config import PipelineConfig
-    from omni_tts.entrypoints.api.config import ServerConfig
+    from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.orchestrator.async_tts import AsyncTTS
     from omni_tts.orchestrator.aligner_client import AlignerClient
-    from omni_tts.orchestrator.client_protocol import TTSClient
+    from omni_tts.orchestrator.tts_client import TTSClient
 
 logger = logging.getLogger("omni_tts.serve")
 
@@ -39,7 +39,7 @@ def serve_with(serve: Callable[[socket.socket, argparse.Namespace, UrlPolicy | N
 
 def _listen(host: str, port: int) -> socket.socket:
     """The server's socket, listening before the model loads: a busy port fails at once, no other process can take
-    the port meanwhile, and connections made while the model loads are answered (503, `api/lifecycle.py`)."""
+    the port meanwhile, and connections made while the model loads are answered (503, `api/socket_server.py`)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -54,7 +54,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
-    """Answer 503 on `listener` while the model loads, then serve until SIGINT/SIGTERM (`api/lifecycle.py`)."""
+    """Answer 503 on `listener` while the model loads, then serve until SIGINT/SIGTERM (`api/socket_server.py`)."""
     prepare_server_process()
 
     def load() -> tuple[AsyncTTS, ServerConfig, str]:
@@ -78,7 +78,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
 def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
     """The checkpoint directory (downloaded or made if need be), the stage config's name and contents, and the
     served model names."""
-    from omni_tts.entrypoints.names import default_served_model_name
+    from omni_tts.entrypoints.api.names import default_served_model_name
 
     model_dir, stage_config, pipeline = load_pipeline(args)
     names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
@@ -117,7 +117,7 @@ def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient 
 
 def forced_aligner_dir(args: argparse.Namespace) -> str | None:
     """--forced-aligner's checkpoint directory: checked to be an aligner; the embedded one by default without --model."""
-    from omni_tts.models.qwen3_forced_aligner.config import AlignerConfig
+    from omni_tts.models.qwen3_forced_aligner.checkpoint_config import AlignerConfig
     from omni_tts.models.qwen3_forced_aligner.random_model import default_aligner_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 
@@ -149,9 +149,9 @@ def prepare_server_process() -> None:
 def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
                   model_dir: str) -> ServerConfig:
     """The app's config; ValueError (one line) for a bad --voices-manifest."""
-    from omni_tts.entrypoints.api.config import ServerConfig
-    from omni_tts.entrypoints.voices_manifest import load_voices_manifest
-    from omni_tts.models.qwen3_tts.config import Qwen3TTSConfig
+    from omni_tts.entrypoints.api.server_config import ServerConfig
+    from omni_tts.voices.manifest import load_voices_manifest
+    from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 
     manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir))
                 if args.voices_manifest else None)
@@ -171,8 +171,8 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
 def run_server(listener: socket.socket, args: argparse.Namespace,
                load: Callable[[], tuple[TTSClient, ServerConfig, str]]) -> int:
     """Serve what `load` builds (the engine, the app's config, the ready line) on `listener` until SIGINT/SIGTERM:
-    0 after a drain, 130 after a second Ctrl-C (`api/lifecycle.py`); 1 when it does not start or gives up."""
-    from omni_tts.entrypoints.api.lifecycle import serve
+    0 after a drain, 130 after a second Ctrl-C (`api/socket_server.py`); 1 when it does not start or gives up."""
+    from omni_tts.entrypoints.api.socket_server import serve
 
     engines: list[TTSClient] = []
 

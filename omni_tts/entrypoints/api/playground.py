@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 
 from aiohttp import web
 
-from omni_tts.entrypoints.protocol import ApiError
+from omni_tts.entrypoints.api.schema import ApiError
 
 PAGE = "index.html"
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -25,7 +25,7 @@ CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'se
 @functools.cache
 def playground_files() -> dict[str, bytes]:
     """Every file of static/playground/ by name, read once."""
-    folder = importlib.resources.files("omni_tts.entrypoints").joinpath("static/playground")
+    folder = importlib.resources.files("omni_tts.entrypoints.api").joinpath("static/playground")
     return {entry.name: entry.read_bytes() for entry in folder.iterdir() if entry.is_file()}
 
 

@@ -17,7 +17,7 @@ import msgspec
 from omni_tts.audio.pcm import FORMATS
 from omni_tts.audio.resample import SAMPLE_RATES
 from omni_tts.config.stage_config import InitialChunkFrames
-from omni_tts.entrypoints.voices import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
+from omni_tts.voices.store import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
                                         MAX_REF_TEXT_CHARS)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.orchestrator.segmenter import PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS
@@ -100,7 +100,7 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
 
 class SpeechRequest(SpeechOptions, kw_only=True):
     """POST /v1/audio/speech. response_format `json`: one JSON body with the audio (WAV, base64) and, with
-    word_timestamps, its words' times. An input longer than one segment is narrated (api/narration.py)."""
+    word_timestamps, its words' times. An input longer than one segment is narrated (api/narrated_speech.py)."""
     input: Annotated[str, msgspec.Meta(max_length=MAX_INPUT_CHARS)]
     response_format: Literal[(*FORMATS, JSON_RESPONSE)] = "mp3"
     stream_format: Literal["audio", "sse"] | None = None
@@ -164,7 +164,7 @@ class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/audio/voices: a multipart form with the fields of the `openai` SDK's `audio.voices.create` and of
     vllm-omni (`ref_text`, `speaker_embedding`, `speaker_description`): the voice is a clip (`audio_sample`) or an
     x-vector (`speaker_embedding`, a JSON list of numbers), one of them. The name's rule and the clip's limits are
-    the voice store's (voices.py)."""
+    the voice store's (voices/store.py)."""
     name: Name
     audio_sample: bytes | None = None
     speaker_embedding: Embedding | None = None

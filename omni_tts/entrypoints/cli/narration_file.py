@@ -23,7 +23,7 @@ import numpy as np
 
 from omni_tts.audio.encoding import create_stream_encoder
 from omni_tts.audio.pcm import StreamEncoder, wav_header
-from omni_tts.entrypoints.shared_dir import write_atomic
+from omni_tts.voices.shared_dir import write_atomic
 
 SIDECAR_SUFFIX = ".narration.json"
 SIDECAR_VERSION = 1

@@ -1,5 +1,5 @@
 """The voice store interface: what the server asks of the store that keeps uploaded voices (Base voice cloning),
-whatever keeps them. `VoiceStore` (voices.py), a directory every replica shares, is the default implementation.
+whatever keeps them. `VoiceStore` (voices/store.py), a directory every replica shares, is the default implementation.
 
 The server uses a store only through `VoiceStoreBackend` (a typing.Protocol): `list`, `in`, `add`,
 `add_embedding`, `delete`, `load` and `max_bytes`. A voice is a clip (`add`) or a speaker embedding, the speaker

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from omni_tts import package_version
 from omni_tts.config import available_cpus, stage_threads
-from omni_tts.entrypoints.serve import (listener_url, load_checkpoint, prepare_server_process, run_server,
+from omni_tts.entrypoints.cli.serve import (listener_url, load_checkpoint, prepare_server_process, run_server,
                                         server_config)
 
 if TYPE_CHECKING:

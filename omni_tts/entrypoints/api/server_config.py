@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from omni_tts.audio.url_fetch import UrlPolicy
 from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.orchestrator.segmenter import NARRATION_WINDOW, SEGMENT_CHARS
-from omni_tts.entrypoints.names import accepted_model_names
-from omni_tts.entrypoints.voices import QUOTA_BYTES
-from omni_tts.entrypoints.voices_manifest import VoiceManifest
+from omni_tts.entrypoints.api.names import accepted_model_names
+from omni_tts.voices.store import QUOTA_BYTES
+from omni_tts.voices.manifest import VoiceManifest
 
 
 @dataclass

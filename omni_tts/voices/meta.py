@@ -1,4 +1,4 @@
-"""meta.json, the directory store's (voices.py) record of a voice's current version, and the voice file it names.
+"""meta.json, the directory store's (voices/store.py) record of a voice's current version, and the voice file it names.
 
 Layout: `<root>/<name lower-cased>/meta.json` plus the voice file: the clip exactly as uploaded,
 `clip-<version><ext>` (the extension follows the decoded container, never the client's file name), or an embedding
@@ -18,9 +18,9 @@ from typing import NoReturn
 import numpy as np
 
 from omni_tts.audio.ref_audio import RefAudioError, decode_reference
-from omni_tts.entrypoints.voice_backend import VoiceError, VoiceRecord, voice_key
+from omni_tts.voices.backend import VoiceError, VoiceRecord, voice_key
 
-logger = logging.getLogger("omni_tts.entrypoints.voices")   # the store's log lines, under one name
+logger = logging.getLogger("omni_tts.voices.store")   # the store's log lines, under one name
 
 META = "meta.json"
 EMBEDDING_FORMAT = ("EMBEDDING", "FLOAT32")   # meta.json's format and subtype of an embedding voice's file

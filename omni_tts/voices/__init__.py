@@ -1,0 +1,1 @@
+"""The voice store: uploaded and manifest voices, stored where every replica reads them."""
