@@ -56,7 +56,7 @@ MIN_SOURCE_RATE, MAX_SOURCE_RATE = 8000, 384000   # below 8 kHz is not speech au
 MAX_CHANNELS = 16
 URL_FAILED = ("ref_audio URL could not be fetched: it must be an http(s) URL of a public host that answers 200 "
               "with an audio file")
-_UNKNOWN_FRAMES = 2 ** 63 - 1  # libsndfile's frame count for a stream of unknown length
+_UNKNOWN_LENGTH = 2 ** 63 - 1  # libsndfile's frame count for a stream of unknown length
 _URL_SAFE = str.maketrans("-_", "+/")
 
 
@@ -114,15 +114,15 @@ def decode_reference(data: bytes, *, min_seconds: float = MIN_SECONDS, max_secon
     if not 1 <= info.channels <= MAX_CHANNELS:
         raise RefAudioError(f"{label} has {info.channels} channels; at most {MAX_CHANNELS} are supported")
     # frame counts of compressed formats are estimates: refuse from the header only when clearly too long
-    if 0 < info.frames < _UNKNOWN_FRAMES and info.frames / info.samplerate > max_seconds + 1.0:
+    if 0 < info.frames < _UNKNOWN_LENGTH and info.frames / info.samplerate > max_seconds + 1.0:
         raise _bad_duration(label, min_seconds, max_seconds, f"{info.frames / info.samplerate:.2f} s", "long")
-    max_frames = None if math.isinf(max_seconds) else math.ceil((max_seconds + 1.0) * info.samplerate)
+    max_samples = None if math.isinf(max_seconds) else math.ceil((max_seconds + 1.0) * info.samplerate)
     try:
-        wav, sr = load_audio(data, max_frames=max_frames)
+        wav, sr = load_audio(data, max_samples=max_samples)
     except ValueError as e:
         logger.info("%s: libsndfile cannot decode it: %s", label, e)
         raise _not_audio(label) from None
-    if max_frames is not None and wav.shape[0] >= max_frames:  # decoding stopped at the cap
+    if max_samples is not None and wav.shape[0] >= max_samples:  # decoding stopped at the cap
         raise _bad_duration(label, min_seconds, max_seconds, f"more than {max_seconds + 1.0:g} s", "long")
     seconds = wav.shape[0] / sr
     if not min_seconds <= seconds <= max_seconds:

@@ -13,11 +13,11 @@ from omni_tts.connectors.base import (
     WriterStats,
 )
 from omni_tts.connectors.kinds import ConnectorSpec, chunk_reader, chunk_writer
-from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingOwner, RingSpec, cleanup_stale_segments
+from omni_tts.connectors.shm_ring import ChunkReader, ChunkWriter, RingOwner, RingSpec, cleanup_stale_blocks
 from omni_tts.connectors.tcp import TcpChunkReader, TcpChunkWriter, TcpOwner, TcpSpec
 
 __all__ = [
     "FLAG_IS_CONTEXT", "FLAG_IS_LAST", "MAX_REQUEST_ID_BYTES", "ChunkReader", "ChunkReaderBase", "ChunkWriter",
     "ChunkWriterBase", "ConnectorSpec", "ReaderStats", "RingOwner", "RingSpec", "SlotView", "TcpChunkReader",
-    "TcpChunkWriter", "TcpOwner", "TcpSpec", "WriterStats", "chunk_reader", "chunk_writer", "cleanup_stale_segments",
+    "TcpChunkWriter", "TcpOwner", "TcpSpec", "WriterStats", "chunk_reader", "chunk_writer", "cleanup_stale_blocks",
 ]

@@ -3,9 +3,9 @@
 Who does what
 -------------
 * The **owner** (the orchestrator, parent of both stage processes) calls
-  :func:`cleanup_stale_segments` and :meth:`RingOwner.create` once at start-up, passes
+  :func:`cleanup_stale_blocks` and :meth:`RingOwner.create` once at start-up, passes
   ``owner.spec`` (a msgspec :class:`RingSpec`) to the two stage processes, and calls
-  :meth:`RingOwner.close` on shutdown. Only the owner ever creates or unlinks the segment;
+  :meth:`RingOwner.close` on shutdown. Only the owner ever creates or unlinks the block;
   nothing is created or unlinked per chunk.
 * The **writer** (talker process) runs :class:`ChunkWriter`: ``put`` only enqueues; a save
   thread copies each chunk into a free slot and sends the slot index over pyzmq.
@@ -55,19 +55,19 @@ from omni_tts.connectors.base import (MAX_REQUEST_ID_BYTES, SLOT_MSG, ChunkReade
 
 logger = logging.getLogger(__name__)
 
-SEGMENT_PREFIX = "omni_tts_"
+BLOCK_PREFIX = "omni_tts_"
 SHM_DIR = "/dev/shm"
 _HEADER = struct.Struct("<qqIIH64s")  # seq, put time (CLOCK_MONOTONIC ns), num_frames, flags, id_len, id
 HEADER_BYTES = 128  # header padded so every payload starts on a cache-line boundary
 _ALIGN = 64
-_OWNED_NAME = re.compile(rf"^{SEGMENT_PREFIX}(\d+)_")
+_OWNED_NAME = re.compile(rf"^{BLOCK_PREFIX}(\d+)_")
 _MAX_IPC_PATH = 100  # sun_path is 108 bytes on Linux; stay clear of it
 
 
 class RingSpec(msgspec.Struct, frozen=True, tag="shm"):
     """Everything a stage process needs to attach to one ring; msgspec-serializable."""
 
-    name: str  # shared-memory segment name, "omni_tts_<owner pid>_..."
+    name: str  # shared-memory block name, "omni_tts_<owner pid>_..."
     num_slots: int
     max_frames: int
     num_codebooks: int
@@ -99,8 +99,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def cleanup_stale_segments(shm_dir: str = SHM_DIR, ipc_root: str | None = None) -> list[str]:
-    """Remove ``omni_tts_<pid>_*`` segments (and ipc temp dirs) left by owners that died.
+def cleanup_stale_blocks(shm_dir: str = SHM_DIR, ipc_root: str | None = None) -> list[str]:
+    """Remove ``omni_tts_<pid>_*`` blocks (and ipc temp dirs) left by owners that died.
 
     Called by the owner at start-up, before creating its rings, so a crashed server (e.g.
     SIGKILL, where no shutdown path ran) does not leak /dev/shm across restarts. Entries of
@@ -136,7 +136,7 @@ def cleanup_stale_segments(shm_dir: str = SHM_DIR, ipc_root: str | None = None) 
 
 
 class RingOwner:
-    """Creates one ring (segment + ipc dir) at start-up and unlinks it on shutdown."""
+    """Creates one ring (block + ipc dir) at start-up and unlinks it on shutdown."""
 
     def __init__(self, spec: RingSpec, shm: shared_memory.SharedMemory, ipc_dir: str) -> None:
         self.spec = spec
@@ -151,9 +151,9 @@ class RingOwner:
             raise ValueError(f"edge must be alphanumeric, got {edge!r}")
         pid = os.getpid()
         # mkdtemp: unique per owner, mode 0700, so two servers on one host never share endpoints.
-        ipc_dir = tempfile.mkdtemp(prefix=f"{SEGMENT_PREFIX}{pid}_")
+        ipc_dir = tempfile.mkdtemp(prefix=f"{BLOCK_PREFIX}{pid}_")
         spec = RingSpec(
-            name=f"{SEGMENT_PREFIX}{pid}_{edge}_{secrets.token_hex(4)}",
+            name=f"{BLOCK_PREFIX}{pid}_{edge}_{secrets.token_hex(4)}",
             num_slots=num_slots, max_frames=max_frames, num_codebooks=num_codebooks,
             notify_address=f"ipc://{ipc_dir}/{edge}.notify", release_address=f"ipc://{ipc_dir}/{edge}.release")
         if len(spec.release_address) - len("ipc://") > _MAX_IPC_PATH:
@@ -161,7 +161,7 @@ class RingOwner:
             raise ValueError(f"ipc path too long for a unix socket ({ipc_dir}); set a shorter TMPDIR")
         try:
             # The owner keeps the resource-tracker registration on purpose: if the owner is
-            # killed, its tracker still unlinks the segment (cleanup_stale_segments is the
+            # killed, its tracker still unlinks the block (cleanup_stale_blocks is the
             # second net, for when the tracker dies too).
             shm = shared_memory.SharedMemory(name=spec.name, create=True, size=spec.total_bytes)
         except BaseException:
@@ -171,7 +171,7 @@ class RingOwner:
         return cls(spec, shm, ipc_dir)
 
     def close(self) -> None:
-        """Unlink the segment and remove the ipc dir; safe to call twice. Stages may still
+        """Unlink the block and remove the ipc dir; safe to call twice. Stages may still
         have it mapped: the memory lives until their last mapping goes away."""
         shm, self._shm = self._shm, None
         if shm is None:
@@ -196,7 +196,7 @@ class _Ring:
     """A stage process's mapping of the ring.
 
     Attaching goes through ``_posixshmem.shm_open`` + ``mmap`` instead of
-    ``SharedMemory(name)``: on Python 3.11/3.12 the latter registers the segment with the
+    ``SharedMemory(name)``: on Python 3.11/3.12 the latter registers the block with the
     attaching process's resource tracker, which unlinks it (and warns) when that process
     exits, taking the ring away from the owner and the other stage.
     """
@@ -207,7 +207,7 @@ class _Ring:
         try:
             size = os.fstat(fd).st_size
             if size < spec.total_bytes:
-                raise ValueError(f"segment {spec.name} has {size} bytes, spec needs {spec.total_bytes}")
+                raise ValueError(f"block {spec.name} has {size} bytes, spec needs {spec.total_bytes}")
             self._mm: mmap.mmap | None = mmap.mmap(fd, spec.total_bytes)
         finally:
             os.close(fd)  # the mapping keeps the memory; the fd is not needed

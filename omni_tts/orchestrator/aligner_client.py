@@ -27,9 +27,9 @@ from omni_tts.stages.messages import (
     Abort,
     AlignerEvent,
     AlignerLaunch,
-    AlignSegment,
+    AlignSpan,
     Ready,
-    SegmentAligned,
+    SpanAligned,
     Shutdown,
     StageFailed,
 )
@@ -45,7 +45,7 @@ WordTimes = list[tuple[str, int, int]]   # (word, start_ms, end_ms), in text ord
 
 
 class AlignerUnavailable(Exception):
-    """No word times for this segment: the message says why (stage down, restarting, timed out, failed)."""
+    """No word times for this span: the message says why (stage down, restarting, timed out, failed)."""
 
 
 class AlignerClient:
@@ -77,7 +77,7 @@ class AlignerClient:
                                     log_level=logging.getLogger("omni_tts").getEffectiveLevel())
 
     def status(self) -> dict:
-        """For /health: whether it aligns now (else why not), its process and the segments it owes."""
+        """For /health: whether it aligns now (else why not), its process and the spans it owes."""
         pid = self._host[0] if self._host else self._process.pid if self._process is not None else None
         return {"ready": self.down_reason is None, "reason": self.down_reason, "placement": self.config.placement,
                 "pid": pid, "pending": len(self._pending)}
@@ -97,16 +97,16 @@ class AlignerClient:
         self._connect()
         await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
 
-    async def align(self, request_id: str, segment: int, audio: np.ndarray, sample_rate: int, text: str,
+    async def align(self, request_id: str, span: int, audio: np.ndarray, sample_rate: int, text: str,
                     language: str | None) -> WordTimes:
         """Word times of one finished piece of audio (float32 mono), relative to its start."""
         if self.down_reason is not None:
             raise AlignerUnavailable(self.down_reason)
-        key = (request_id, segment)
+        key = (request_id, span)
         future = self._pending[key] = asyncio.get_running_loop().create_future()
         try:
-            await self._command.send(msgspec.msgpack.encode(AlignSegment(
-                request_id, segment, text, language, np.ascontiguousarray(audio, dtype=np.float32).tobytes(),
+            await self._command.send(msgspec.msgpack.encode(AlignSpan(
+                request_id, span, text, language, np.ascontiguousarray(audio, dtype=np.float32).tobytes(),
                 sample_rate)))
             return await asyncio.wait_for(future, self.config.timeout_s)
         except asyncio.TimeoutError:
@@ -115,7 +115,7 @@ class AlignerClient:
             self._pending.pop(key, None)
 
     async def abort(self, request_id: str) -> None:
-        """Drop the request's segments that wait in the stage (a client that left needs none)."""
+        """Drop the request's spans that wait in the stage (a client that left needs none)."""
         if self._command is not None and self.down_reason is None:
             await self._command.send(msgspec.msgpack.encode(Abort(request_id)))
 
@@ -189,8 +189,8 @@ class AlignerClient:
         decoder = msgspec.msgpack.Decoder(AlignerEvent)
         while True:
             event = decoder.decode(await self._events.recv())
-            if isinstance(event, SegmentAligned):
-                future = self._pending.get((event.request_id, event.segment))
+            if isinstance(event, SpanAligned):
+                future = self._pending.get((event.request_id, event.span))
                 if future is not None and not future.done():
                     if event.error is None:
                         future.set_result(list(event.words))

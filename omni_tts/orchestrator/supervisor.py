@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
-from omni_tts.connectors import cleanup_stale_segments
+from omni_tts.connectors import cleanup_stale_blocks
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
@@ -157,7 +157,7 @@ class StageSupervisor:
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the pipeline; raises (and cleans up) if a stage cannot start."""
-        cleanup_stale_segments()
+        cleanup_stale_blocks()
         self._ctx = zmq.asyncio.Context()
         try:
             await self._start_pipeline()

@@ -1,9 +1,9 @@
 """The forced-aligner stage: word times of finished audio, batched across requests, off the audio path; a process of
 its own (`main`), or a thread of code2wav's process (`start_thread`, placement `code2wav`).
 
-Commands arrive on a PULL socket (AlignSegment, Abort, Shutdown); each loop takes every waiting segment, up to
-`max_batch_size`, into one aligner call and answers each with a SegmentAligned. A segment the aligner cannot take
-(its batch raised) is retried alone, so one bad segment fails only itself. The process runs below the TTS stages'
+Commands arrive on a PULL socket (AlignSpan, Abort, Shutdown); each loop takes every waiting span, up to
+`max_batch_size`, into one aligner call and answers each with a SpanAligned. A span the aligner cannot take
+(its batch raised) is retried alone, so one bad span fails only itself. The process runs below the TTS stages'
 priority: timestamps may trail, audio may not. A crash is reported (StageFailed) and the orchestrator restarts it.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from omni_tts.log import configure_logging
 from omni_tts.models.qwen3_forced_aligner.aligner import AlignItem, ForcedAligner
 
 from .common import fail_process, name_process
-from .messages import (Abort, AlignerCommand, AlignerLaunch, AlignSegment, Ready, SegmentAligned, Shutdown,
+from .messages import (Abort, AlignerCommand, AlignerLaunch, AlignSpan, Ready, SpanAligned, Shutdown,
                        StageFailed)
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _sockets(ctx: zmq.Context, launch: AlignerLaunch) -> tuple[zmq.Socket, zmq.S
 def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, events: zmq.Socket,
            parent_pid: int) -> None:
     decoder, encoder = msgspec.msgpack.Decoder(AlignerCommand), msgspec.msgpack.Encoder()
-    pending: collections.deque[AlignSegment] = collections.deque()
+    pending: collections.deque[AlignSpan] = collections.deque()
     while True:
         if not pending and not commands.poll(POLL_MS):
             if os.getppid() != parent_pid:
@@ -111,38 +111,38 @@ def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, 
             events.send(encoder.encode(answer))
 
 
-def _take_batch(pending: collections.deque[AlignSegment], max_size: int) -> list[AlignSegment]:
-    """The oldest segment and, up to `max_size`, the waiting ones of about its length: a batch is padded to its
+def _take_batch(pending: collections.deque[AlignSpan], max_size: int) -> list[AlignSpan]:
+    """The oldest span and, up to `max_size`, the waiting ones of about its length: a batch is padded to its
     longest prompt, so mixing a long clip with short ones costs more than aligning them apart (1.5× measured on the
     CPU, docs/benchmarks.md)."""
     first = pending.popleft()
     batch, rest = [first], collections.deque()
     while pending:
-        segment = pending.popleft()
-        if len(batch) < max_size and _similar(_seconds(segment), _seconds(first)):
-            batch.append(segment)
+        span = pending.popleft()
+        if len(batch) < max_size and _similar(_seconds(span), _seconds(first)):
+            batch.append(span)
         else:
-            rest.append(segment)
+            rest.append(span)
     pending.extend(rest)
     return batch
 
 
-def _seconds(segment: AlignSegment) -> float:
-    return len(segment.pcm) / 4 / segment.sample_rate
+def _seconds(span: AlignSpan) -> float:
+    return len(span.pcm) / 4 / span.sample_rate
 
 
 def _similar(a: float, b: float) -> bool:
     return max(a, b) <= SIMILAR_LENGTH * min(a, b)
 
 
-def _align(aligner: ForcedAligner, batch: list[AlignSegment]) -> list[SegmentAligned]:
+def _align(aligner: ForcedAligner, batch: list[AlignSpan]) -> list[SpanAligned]:
     items = [AlignItem(np.frombuffer(s.pcm, dtype=np.float32), s.sample_rate, s.text, s.language) for s in batch]
     try:
         results = aligner.align(items)
     except Exception:
-        if len(batch) > 1:  # find the segment that cannot be aligned: each alone
+        if len(batch) > 1:  # find the span that cannot be aligned: each alone
             return [answer for s in batch for answer in _align(aligner, [s])]
-        logger.exception("aligner: segment %d of request %s failed", batch[0].segment, batch[0].request_id)
-        return [SegmentAligned(batch[0].request_id, batch[0].segment, error="the aligner failed on this audio")]
-    return [SegmentAligned(s.request_id, s.segment, [(w.word, w.start_ms, w.end_ms) for w in words])
+        logger.exception("aligner: span %d of request %s failed", batch[0].span, batch[0].request_id)
+        return [SpanAligned(batch[0].request_id, batch[0].span, error="the aligner failed on this audio")]
+    return [SpanAligned(s.request_id, s.span, [(w.word, w.start_ms, w.end_ms) for w in words])
             for s, words in zip(batch, results)]

@@ -19,7 +19,7 @@ import msgspec
 import zmq
 
 from omni_tts.config.threads import set_torch_threads
-from omni_tts.connectors.shm_ring import cleanup_stale_segments
+from omni_tts.connectors.shm_ring import cleanup_stale_blocks
 from omni_tts.log import configure_logging
 
 from .messages import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
@@ -191,7 +191,7 @@ def _heartbeat_loop(launches: list[StageLaunch], parent_pid: int) -> None:
     while True:
         if os.getppid() != parent_pid:
             logger.error("%s: the server process %d is gone; exiting", launches[0].stage, parent_pid)
-            cleanup_stale_segments()
+            cleanup_stale_blocks()
             os._exit(1)
         for launch in launches:
             try:

@@ -64,17 +64,18 @@ class Shutdown(msgspec.Struct, tag=True):
 StageCommand = AddRequest | AppendText | EmbedVoice | Register | Abort | GetStats | Shutdown
 
 
-class AlignSegment(msgspec.Struct, tag=True):
-    """The aligner stage: word times of one finished piece of a request's audio (a sentence, a segment, or all)."""
+class AlignSpan(msgspec.Struct, tag=True):
+    """The aligner stage: word times of one span, a finished piece of a request's audio (a sentence, a narration
+    segment, or all of it)."""
     request_id: str
-    segment: int
+    span: int
     text: str
     language: str | None
     pcm: bytes                       # float32 mono samples at `sample_rate`
     sample_rate: int
 
 
-AlignerCommand = AlignSegment | Abort | Shutdown
+AlignerCommand = AlignSpan | Abort | Shutdown
 
 
 # --- stages → orchestrator -------------------------------------------------------------------------------------
@@ -162,17 +163,17 @@ class Heartbeat(msgspec.Struct, tag=True):
     busy_seconds: float
 
 
-class SegmentAligned(msgspec.Struct, tag=True):
-    """The aligner stage's answer to an AlignSegment: (word, start_ms, end_ms) within the segment, in text order,
+class SpanAligned(msgspec.Struct, tag=True):
+    """The aligner stage's answer to an AlignSpan: (word, start_ms, end_ms) within the span, in text order,
     or why there are none."""
     request_id: str
-    segment: int
+    span: int
     words: list[tuple[str, int, int]] = []
     error: str | None = None
 
 
 StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | StageFailed | Heartbeat
-AlignerEvent = Ready | SegmentAligned | StageFailed
+AlignerEvent = Ready | SpanAligned | StageFailed
 
 
 class AlignerLaunch(msgspec.Struct):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from omni_tts.connectors import (ChunkReader, ChunkWriter, ConnectorSpec, RingOwner, TcpChunkReader, TcpChunkWriter,
-                                 TcpOwner, TcpSpec, chunk_reader, chunk_writer, cleanup_stale_segments)
+                                 TcpOwner, TcpSpec, chunk_reader, chunk_writer, cleanup_stale_blocks)
 from omni_tts.connectors.base import connect, unbounded_socket
 from omni_tts.connectors.tcp import SECRET_ENV, curve_keys, writer_socket
 
@@ -277,7 +277,7 @@ def test_shutdown_leaves_no_segments_and_stale_cleanup(procs, tmp_path):
         os.close(os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600))
     dead_dir.mkdir()
     try:
-        removed = cleanup_stale_segments(ipc_root=str(tmp_path))
+        removed = cleanup_stale_blocks(ipc_root=str(tmp_path))
         assert f"/dev/shm/{dead_seg}" in removed and str(dead_dir) in removed
         assert not os.path.exists(f"/dev/shm/{dead_seg}") and not dead_dir.exists()
         assert os.path.exists(f"/dev/shm/{live_seg}")

@@ -175,7 +175,7 @@ def test_load_audio_fixture_matches_24k_file():
     np.testing.assert_array_equal(load_audio_24k(FIXTURES / "ref_voice.wav"), wav)
 
 
-def test_load_audio_reads_in_blocks_and_stops_at_max_frames():
+def test_load_audio_reads_in_blocks_and_stops_at_max_samples():
     # stereo, several read blocks long: the block-wise mix-down equals one whole-array mean
     rng = np.random.default_rng(7)
     stereo = (rng.standard_normal((150_000, 2)) * 0.1).astype(np.float32)
@@ -185,7 +185,7 @@ def test_load_audio_reads_in_blocks_and_stops_at_max_frames():
     wav, sr = load_audio(buf.getvalue())
     assert sr == 48000
     np.testing.assert_array_equal(wav, whole.mean(axis=1, dtype=np.float32))
-    capped, _ = load_audio(buf.getvalue(), max_frames=70_000)
+    capped, _ = load_audio(buf.getvalue(), max_samples=70_000)
     np.testing.assert_array_equal(capped, wav[:70_000])
 
 

@@ -22,7 +22,7 @@ from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 from .access_log import SPEECH_LOG, request_id
 from .errors import REQUEST_ERRORS, api_error
 from .state import ServerState
-from .word_times import SentenceTimestamps, align_narration, align_segment, header_fields
+from .word_times import SentenceTimestamps, align_narration, align_span, header_fields
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ async def respond_whole(request: web.Request, state: ServerState, speech: Speech
     words = None
     if speech.word_timestamps:
         words = (await align_narration(state, request_id(request), samples, ends, speech.language) if ends else
-                 await align_segment(state, request_id(request), 0, samples, speech.input, speech.language))
+                 await align_span(state, request_id(request), 0, samples, speech.input, speech.language))
     headers = headers | _usage_headers(usage_json(last)) | {
         "x-omni-tts-finish-reason": last.usage.finish_reason,
         "x-omni-tts-audio-seconds": f"{samples.shape[0] / SAMPLE_RATE:.3f}"}
@@ -227,7 +227,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                                     "response_format": speech.response_format})
                     _record_usage(request, state, chunk, arrived)
                     if timestamps is not None:
-                        if not timestamps.num_segments:   # one request: its whole text
+                        if not timestamps.num_spans:   # one request: its whole text
                             await timestamps.end(speech.input, 0.0)
                         await timestamps.flush()
                     await send({"type": "speech.audio.done", "usage": usage_json(chunk)})

@@ -1,7 +1,7 @@
-"""Word timestamps of a response's audio: the forced-aligner stage asked once per finished segment, its times made
-absolute and kept within the audio, and the shapes each transport sends them in.
+"""Word timestamps of a response's audio: the forced-aligner stage asked once per finished span (the whole
+audio, a sentence or a narration segment), its times made absolute and kept within the audio, and the shapes each transport sends them in.
 
-A segment that gets no times (no aligner process, a restart, a timeout, a failure) is `words=None` with the reason:
+A span that gets no times (no aligner process, a restart, a timeout, a failure) is `words=None` with the reason:
 the audio is never held back for them (vllm-omni's contract: `timestamps: null` = the aligner failed, `[]` = no
 words).
 """
@@ -32,7 +32,7 @@ HEADER_LIMIT = 4096
 
 
 @dataclass(frozen=True)
-class SegmentWords:
+class SpanWords:
     words: list[tuple[str, int, int]] | None   # (word, start_ms, end_ms), absolute in the response
     reason: str | None = None                   # why words is None
 
@@ -73,20 +73,20 @@ def check_word_timestamps(state: ServerState, options: SpeechOptions, raw_audio_
                             "response, or the WebSocket", "word_timestamps")
 
 
-async def align_segment(state: ServerState, request_id: str, segment: int, audio: np.ndarray, text: str,
-                        language: str | None, offset_ms: int = 0) -> SegmentWords:
+async def align_span(state: ServerState, request_id: str, span: int, audio: np.ndarray, text: str,
+                     language: str | None, offset_ms: int = 0) -> SpanWords:
     """The words of `text` in `audio` (float32 at the model's rate, as delivered), `offset_ms` added; times past the
     audio's end are clamped to it (the aligner's classes reach 400 s whatever the clip's length)."""
     end_ms = offset_ms + round(audio.shape[0] * 1000 / SAMPLE_RATE)
     try:
-        words = await state.aligner.align(request_id, segment, audio, SAMPLE_RATE, text, language_hint(language))
+        words = await state.aligner.align(request_id, span, audio, SAMPLE_RATE, text, language_hint(language))
     except AlignerUnavailable as e:
-        return SegmentWords(None, str(e))
-    return SegmentWords([(w, min(offset_ms + start, end_ms), min(offset_ms + end, end_ms))
+        return SpanWords(None, str(e))
+    return SpanWords([(w, min(offset_ms + start, end_ms), min(offset_ms + end, end_ms))
                          for w, start, end in words])
 
 
-def by_sentence(result: SegmentWords, text: str, language: str | None) -> list[tuple[str, SegmentWords]]:
+def by_sentence(result: SpanWords, text: str, language: str | None) -> list[tuple[str, SpanWords]]:
     """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them); the
     whole text at once where they cannot be (no words, or Japanese, whose segmenter runs in the aligner only)."""
     hint = language_hint(language)
@@ -98,7 +98,7 @@ def by_sentence(result: SegmentWords, text: str, language: str | None) -> list[t
     if sum(counts) != len(result.words):
         return [(text, result)]
     cuts = [0, *itertools.accumulate(counts)]
-    return [(sentence, SegmentWords(result.words[start:end]))
+    return [(sentence, SpanWords(result.words[start:end]))
             for sentence, start, end in zip(sentences, cuts, cuts[1:]) if end > start]
 
 
@@ -107,7 +107,7 @@ def language_hint(language: str | None) -> str | None:
     return None if language is None or language.lower() == "auto" else language
 
 
-def header_fields(result: SegmentWords) -> dict[str, str]:
+def header_fields(result: SpanWords) -> dict[str, str]:
     """A whole file's timestamps in headers: the JSON if it fits in HEADER_LIMIT bytes, else a note to ask for
     response_format json."""
     if result.words is None:
@@ -127,20 +127,20 @@ MAX_PENDING_ALIGNMENTS = 4   # a narration's segments awaiting their words: beyo
 
 
 async def align_narration(state: ServerState, request_id: str, audio: np.ndarray, ends: list[SegmentEnd],
-                          language: str | None) -> SegmentWords:
+                          language: str | None) -> SpanWords:
     """A whole narration's words: each segment's audio aligned against its own text, times absolute in `audio`
     (the aligner batches the segments in flight). None, with the first reason, if any segment got none."""
     gate = asyncio.Semaphore(MAX_PENDING_ALIGNMENTS)
 
-    async def one(end: SegmentEnd) -> SegmentWords:
+    async def one(end: SegmentEnd) -> SpanWords:
         start = round(end.audio_offset * SAMPLE_RATE)
         async with gate:
-            return await align_segment(state, request_id, end.index,
+            return await align_span(state, request_id, end.index,
                                        audio[start:start + round(end.duration * SAMPLE_RATE)], end.text, language,
                                        round(end.audio_offset * 1000))
     results = await asyncio.gather(*(one(end) for end in ends))
     failed = next((r for r in results if r.words is None), None)
-    return failed if failed is not None else SegmentWords([w for r in results for w in r.words])
+    return failed if failed is not None else SpanWords([w for r in results for w in r.words])
 
 
 class SentenceTimestamps:
@@ -152,7 +152,7 @@ class SentenceTimestamps:
         self.state, self.request_id, self.language, self.send = state, request_id, language, send
         self.parts: list[np.ndarray] = []
         self.pending: collections.deque[tuple[str, asyncio.Task]] = collections.deque()
-        self.num_segments = 0
+        self.num_spans = 0
         self.sentence_index = 0
 
     def feed(self, audio: np.ndarray) -> None:
@@ -163,10 +163,10 @@ class SentenceTimestamps:
         MAX_PENDING_ALIGNMENTS are pending), and send what is ready."""
         audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
         self.parts = []
-        task = asyncio.create_task(align_segment(self.state, self.request_id, self.num_segments, audio, text,
-                                                 self.language, round(audio_offset * 1000)))
+        task = asyncio.create_task(align_span(self.state, self.request_id, self.num_spans, audio, text,
+                                              self.language, round(audio_offset * 1000)))
         self.pending.append((text, task))
-        self.num_segments += 1
+        self.num_spans += 1
         while self.pending and (self.pending[0][1].done() or len(self.pending) > MAX_PENDING_ALIGNMENTS):
             await self._send_first()
 
@@ -212,7 +212,7 @@ class TrailingTimestamps:
         self.last = task
         self.tasks.append(task)
 
-    async def send_words(self, utterance_index: int, sentence_index: int, result: SegmentWords) -> None:
+    async def send_words(self, utterance_index: int, sentence_index: int, result: SpanWords) -> None:
         event = {"type": "audio.chunk", "utterance_index": utterance_index, "sentence_index": sentence_index,
                  "timestamps": result.ms_json()}
         if result.reason is not None:
@@ -221,7 +221,7 @@ class TrailingTimestamps:
 
     async def _send(self, before: asyncio.Task | None, utterance_index: int, sentence_index: int,
                     audio: np.ndarray, text: str, offset_ms: int) -> None:
-        result = await align_segment(self.state, f"{self.session_id}-{utterance_index}", sentence_index, audio, text,
+        result = await align_span(self.state, f"{self.session_id}-{utterance_index}", sentence_index, audio, text,
                                      self.language, offset_ms)
         if before is not None:
             await before
@@ -266,7 +266,7 @@ class ProgressiveTimestamps:
         rest = text[self.text_cut:]
         window = self._window()
         offset_ms = round(self.cut * 1000 / SAMPLE_RATE)
-        result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
+        result = await align_span(self.trailing.state, self._request_id, self.sentence_index, window, rest,
                                      self.trailing.language, offset_ms)
         if result.words is None:
             return
@@ -277,7 +277,7 @@ class ProgressiveTimestamps:
             count = len(split_words(sentence, hint))
             if count > len(words) or (count and words[count - 1][2] > limit_ms):
                 return
-            await self.trailing.send_words(self.utterance_index, self.sentence_index, SegmentWords(words[:count]))
+            await self.trailing.send_words(self.utterance_index, self.sentence_index, SpanWords(words[:count]))
             self.sentence_index += 1
             self.text_cut += span
             if count:
@@ -293,7 +293,7 @@ class ProgressiveTimestamps:
         if not rest.strip():
             return
         window = self._window()
-        result = await align_segment(self.trailing.state, self._request_id, self.sentence_index, window, rest,
+        result = await align_span(self.trailing.state, self._request_id, self.sentence_index, window, rest,
                                      self.trailing.language, round(self.cut * 1000 / SAMPLE_RATE))
         for _, part in by_sentence(result, rest, self.trailing.language):
             await self.trailing.send_words(self.utterance_index, self.sentence_index, part)

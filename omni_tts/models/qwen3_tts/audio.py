@@ -22,10 +22,10 @@ SAMPLE_RATE = 24000  # the model's audio rate, in (reference audio) and out (spe
 _READ_FRAMES = 1 << 16   # frames decoded per block
 
 
-def load_audio(source: AudioSource, max_frames: int | None = None) -> tuple[np.ndarray, int]:
+def load_audio(source: AudioSource, max_samples: int | None = None) -> tuple[np.ndarray, int]:
     """Decode a file path or in-memory audio file (wav, flac, ogg, … — whatever libsndfile reads).
 
-    Returns `(mono float32 samples, sample rate)`. `max_frames` stops decoding after that many frames, whatever the
+    Returns `(mono float32 samples, sample rate)`. `max_samples` stops decoding after that many samples (per channel), whatever the
     header claims (compressed formats may not know their length, or lie about it). Raises `ValueError` for audio
     that cannot be decoded (the message carries libsndfile's text: log it, do not show it to clients), is empty, or
     holds non-finite samples; `FileNotFoundError` for a missing path.
@@ -40,7 +40,7 @@ def load_audio(source: AudioSource, max_frames: int | None = None) -> tuple[np.n
         if not os.path.isfile(path):
             raise FileNotFoundError(f"reference audio not found: {path}")
         handle, name = path, path
-    remaining = math.inf if max_frames is None else max_frames
+    remaining = math.inf if max_samples is None else max_samples
     blocks = []
     try:
         with sf.SoundFile(handle) as f:
