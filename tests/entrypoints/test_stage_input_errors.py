@@ -164,8 +164,7 @@ def test_a_clip_the_speaker_encoder_refuses(server):
     status, _, body = request(server.url + "/v1/audio/voices", data=form,
                               headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert status == 200, body[:300]
-    status, _, body = request(server.url + "/v1/audio/voices/loud/embedding")
-    assert status == 400 and says in json.loads(body)["error"]["message"], (status, body[:300])
+    assert_400(request(server.url + "/v1/audio/voices/loud/embedding"), "name", f"voice 'loud': {says}")
 
 
 def test_a_bad_speaker_embedding(server):
