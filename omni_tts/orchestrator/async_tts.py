@@ -186,7 +186,8 @@ class AsyncTTS:
         """The x-vector stage 0 computes from a clip, float32 [enc_dim]: what a Base request with this ref_audio in
         x-vector-only mode puts in its prompt, so sending it back as `speaker_embedding` gives the same audio.
         voice_version: as for `generate` (the clip's features are cached under it). RequestError for a checkpoint
-        without a speaker encoder or an unreadable clip; the errors of `generate` otherwise."""
+        without a speaker encoder, or a clip unreadable or refused by the speaker encoder; the errors of `generate`
+        otherwise."""
         self.supervisor.check_alive()
         command = await self.processor.embed_voice(uuid.uuid4().hex, ref_audio, voice_version)
         return await self.client.embed_voice(command, timeout)

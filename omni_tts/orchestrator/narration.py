@@ -5,9 +5,10 @@ made the next ones start, each once the one before it has its first audio (their
 audio) and never more than `window` ahead of the segment being delivered, so memory is bounded and a reader that
 stops stops the narration. Each segment is a request of its own: its token limit bounds it (a segment without an
 end token is cut at its budget, its finish reason kept, and the narration goes on); one that fails (a stage that
-died, a request that failed) is tried once more: with another seed if none of its audio was delivered, else with
+died, an internal failure) is tried once more: with another seed if none of its audio was delivered, else with
 the same seed from where the listener is (`_Run`); a second failure ends the narration (the caller resumes it with
-`start_segment`).
+`start_segment`). Bad input (a RequestError, found before the stages or inside them) is never tried again: it ends
+the narration at once.
 
 One voice throughout: a CustomVoice speaker or a Base clone prompt is the same in every request. A VoiceDesign
 voice is designed once, by segment 0, and every later segment is an ICL clone of it (segment 0's own codes and
@@ -42,7 +43,8 @@ from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDe
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
 RESTART_WAIT_S = 60.0         # a segment's retry after a stage failure waits this long for the pipeline to be back
-RETRIED = (RequestFailed, StageDeadError)   # what a second try may get past (bad input fails the same way again)
+# what a second try may get past; a RequestError (bad input, the stages' too: types.stage_error) fails the same way
+RETRIED = (RequestFailed, StageDeadError)
 Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, return_codes=False): the engine's
 
 

@@ -22,7 +22,7 @@ from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice,
                                       VoiceEmbedding)
 
 from .supervisor import StageSupervisor
-from .types import RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage
+from .types import RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage, stage_error
 
 
 @dataclass
@@ -158,8 +158,9 @@ class StageClient:
                 waiter.set_exception(error)
 
     async def embed_voice(self, command: EmbedVoice, timeout: float) -> np.ndarray:
-        """Stage 0's x-vector of a clip, float32 [enc_dim]: RequestFailed when the clip gives none, StageDeadError
-        when the pipeline fails meanwhile, RequestTimedOut past `timeout` seconds."""
+        """Stage 0's x-vector of a clip, float32 [enc_dim]: RequestError('ref_audio') when the speaker encoder
+        refuses the clip (RequestFailed when the stage failed it), StageDeadError when the pipeline fails meanwhile,
+        RequestTimedOut past `timeout` seconds."""
         self.supervisor.check_alive()
         waiter = self._embeddings[command.request_id] = asyncio.get_running_loop().create_future()
         try:
@@ -197,10 +198,10 @@ class StageClient:
         elif isinstance(event, VoiceEmbedding):
             waiter = self._embeddings.get(event.request_id)
             if waiter is not None and not waiter.done():
-                if event.error is None:
+                if event.failure is None:
                     waiter.set_result(np.frombuffer(event.embedding, dtype=np.float32))
                 else:
-                    waiter.set_exception(RequestFailed(event.error))
+                    waiter.set_exception(stage_error(event.failure))
         elif isinstance(event, Heartbeat):
             self.supervisor.on_heartbeat(event.stage, event.busy_seconds)
         elif isinstance(event, StageStats):
@@ -216,8 +217,8 @@ class StageClient:
         state = self.requests.get(event.request_id)
         if state is None:
             return  # aborted meanwhile
-        if event.error is not None:
-            self.fail(state, RequestFailed(event.error))
+        if event.failure is not None:
+            self.fail(state, stage_error(event.failure))
             return
         audio = np.frombuffer(event.pcm, dtype=np.float32)
         state.num_samples += audio.shape[0]
@@ -238,8 +239,8 @@ class StageClient:
         state = self.requests.get(event.request_id)
         if state is None:
             return
-        if event.error is not None:
-            self.fail(state, RequestFailed(event.error))
+        if event.failure is not None:
+            self.fail(state, stage_error(event.failure))
             return
         state.talker_done = event
         self._maybe_finish(state)

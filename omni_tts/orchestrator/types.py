@@ -1,6 +1,7 @@
 """What the front end hands its callers: the chunks of a request's audio, its usage, and the errors that end it.
 The HTTP layer maps these errors to statuses in one place (`entrypoints`); `RequestError` (bad input) comes from
-the prompt builder and is re-exported here so callers import every engine error from one module."""
+the prompt builder and is re-exported here so callers import every engine error from one module. A stage reports
+a failed request as a `RequestFailure` of a kind; `stage_error` is the one place that kind becomes an error."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_tts.models.qwen3_tts.prompt import RequestError
+from omni_tts.stages.messages import FailureKind, RequestFailure
 
 __all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SegmentEnd",
-           "SegmentStart", "SpeechChunk", "StageDeadError", "Usage"]
+           "SegmentStart", "SpeechChunk", "StageDeadError", "Usage", "stage_error"]
 
 
 class StageDeadError(RuntimeError):
@@ -36,6 +38,14 @@ class RequestTimedOut(RequestFailed):
 # exception out of the engine is a bug
 EngineError = RequestError | StageDeadError | RequestFailed
 ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
+
+
+def stage_error(failure: RequestFailure) -> RequestError | RequestFailed:
+    """A stage's failed request as its caller sees it: bad input is a RequestError naming the field (HTTP 400,
+    never retried), an internal failure a RequestFailed (500)."""
+    if failure.kind is FailureKind.BAD_INPUT:
+        return RequestError(failure.param, failure.message)
+    return RequestFailed(failure.message)
 
 
 @dataclass

@@ -26,8 +26,8 @@ from omni_tts.models.qwen3_tts.model import load_speech_decoder
 
 from . import aligner_stage
 from .common import StageIO, run_stage
-from .messages import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram, GetStats,
-                       Ready, Register, Shutdown, StageLaunch, StageStats)
+from .messages import (CONNECTOR_SECONDS_BUCKETS, STEP_SECONDS_BUCKETS, Abort, AudioEvent, DurationHistogram,
+                       FailureKind, GetStats, Ready, Register, RequestFailure, Shutdown, StageLaunch, StageStats)
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,10 @@ class Code2WavStage:
             where = f"chunk {seq} ({'reference context' if chunk.is_context else 'generated'})"
             logger.error("request %s: %s refused: %s: %s", rid, where, e, chunk.codes.tolist())
             self._abort(rid)
-            self.io.send(AudioEvent(rid, b"", True, error=f"code2wav cannot decode its codes: {where}: {e}"))
+            # the talker made them (given reference codes are checked against the codebook before): ours, not the
+            # request's
+            self.io.send(AudioEvent(rid, b"", True, failure=RequestFailure(
+                FailureKind.INTERNAL, f"code2wav cannot decode its codes: {where}: {e}")))
 
     def _abort(self, rid: str) -> None:
         self.engine.abort(rid)

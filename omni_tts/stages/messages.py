@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import bisect
+import enum
 
 import msgspec
 
 from omni_tts.connectors.kinds import ConnectorSpec
-from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
+from omni_tts.models.qwen3_tts.prompt import RequestError, TalkerPrompt
 from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
 
 
@@ -79,19 +80,40 @@ AlignerCommand = AlignSpan | Abort | Shutdown
 
 
 # --- stages → orchestrator -------------------------------------------------------------------------------------
+class FailureKind(enum.StrEnum):
+    BAD_INPUT = "bad_input"   # the request's own fault: the same request fails the same way again
+    INTERNAL = "internal"     # the stage's: another try may get past it
+
+
+class RequestFailure(msgspec.Struct):
+    """Why a stage failed one request (the others go on): bad input names the request's field (`param`), which the
+    orchestrator raises as RequestError (HTTP 400, never retried); an internal failure is RequestFailed (500)."""
+    kind: FailureKind
+    message: str
+    param: str | None = None
+
+    @classmethod
+    def of(cls, error: Exception) -> "RequestFailure":
+        """The kind of an exception met inside a stage, decided where it was raised: a RequestError is bad input,
+        any other exception internal."""
+        if isinstance(error, RequestError):
+            return cls(FailureKind.BAD_INPUT, str(error), error.param)
+        return cls(FailureKind.INTERNAL, f"{type(error).__name__}: {error}")
+
+
 class Ready(msgspec.Struct, tag=True):
     stage: str
     pid: int
 
 
 class TalkerDone(msgspec.Struct, tag=True):
-    """Stage 0 finished a request: its frame count and why, or the error that stopped it."""
+    """Stage 0 finished a request: its frame count and why, or the failure that stopped it."""
     request_id: str
     num_frames: int
     finish_reason: str
     num_prompt_rows: int = 0
     num_reference_frames: int = 0    # an ICL voice clone's reference codes in the prompt (its audio input tokens)
-    error: str | None = None
+    failure: RequestFailure | None = None
     codes: bytes | None = None       # AddRequest.return_codes: the num_frames generated frames, int32 [T, groups]
 
 
@@ -99,7 +121,7 @@ class VoiceEmbedding(msgspec.Struct, tag=True):
     """Stage 0's answer to an EmbedVoice: the x-vector as float32 bytes, or why the clip gave none."""
     request_id: str
     embedding: bytes = b""
-    error: str | None = None
+    failure: RequestFailure | None = None
 
 
 class AudioEvent(msgspec.Struct, tag=True):
@@ -107,7 +129,7 @@ class AudioEvent(msgspec.Struct, tag=True):
     request_id: str
     pcm: bytes                       # float32 samples at 24 kHz
     finished: bool
-    error: str | None = None         # code2wav refused the request (finished is then True)
+    failure: RequestFailure | None = None   # code2wav refused the request (finished is then True)
 
 
 # bucket bounds (seconds) of the stages' histograms: an engine step takes ~1–20 ms on a GPU, 20 ms–1 s on a CPU; a

@@ -19,11 +19,11 @@ from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
-from omni_tts.models.qwen3_tts.prompt import embed_prompt, embed_text
+from omni_tts.models.qwen3_tts.prompt import PromptLimits, check_speaker_embedding, embed_prompt, embed_text
 
 from .common import StageIO, run_stage
 from .messages import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice, GetStats,
-                       Ready, Shutdown, StageLaunch, StageStats, TalkerDone, VoiceEmbedding)
+                       Ready, RequestFailure, Shutdown, StageLaunch, StageStats, TalkerDone, VoiceEmbedding)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
 
 
@@ -56,6 +56,7 @@ class TalkerStage:
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, launch.max_model_len,
                                    launch.max_prefill_tokens_per_step, launch.max_text_tokens,
                                    cuda_graphs=not launch.enforce_eager)
+        self.limits = PromptLimits(launch.max_text_tokens, launch.max_model_len)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.writer = writer or chunk_writer(launch.connector,
@@ -79,11 +80,11 @@ class TalkerStage:
                 self._handle(message)
             for job in self.voice_features.take_finished():
                 if isinstance(job.request, EmbedVoice):
-                    self._answer_embedding(job.request.request_id, job.features, job.error)
+                    self._answer_embedding(job.request.request_id, job.features, job.failure)
                     continue
                 request = self.requests[job.request.request_id]  # an aborted job is never handed back
-                if job.error is not None:
-                    self._fail(request, job.error)
+                if job.failure is not None:
+                    self._fail(request, job.failure)
                 else:
                     job.features.apply(request.add.prompt)
                     self._on_features(request)
@@ -132,7 +133,13 @@ class TalkerStage:
             codes = np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups)
             m.prompt.ref_codes = torch.from_numpy(codes.astype(np.int64))
         if m.speaker_embedding is not None:  # the x-vector itself: embed_prompt moves it to the talker's device
-            m.prompt.speaker_embedding = torch.frombuffer(bytearray(m.speaker_embedding), dtype=torch.float32)
+            try:  # checked before it was sent; a vector of another size would fail deep in the prefill's concat
+                vector = check_speaker_embedding(self.tts.config, np.frombuffer(m.speaker_embedding, np.float32),
+                                                 ref_audio=False, ref_text=False)
+            except ValueError as e:
+                self._fail(request, RequestFailure.of(e))
+                return
+            m.prompt.speaker_embedding = torch.from_numpy(vector)
         elif m.ref_audio is not None:
             cached = self.voice_cache.get(m.voice_version, icl=m.prompt.wants_clip_codes)
             if cached is None:
@@ -141,10 +148,11 @@ class TalkerStage:
             cached.apply(m.prompt)
         self._on_features(request)
 
-    def _answer_embedding(self, request_id: str, features: VoiceFeatures | None, error: str | None) -> None:
+    def _answer_embedding(self, request_id: str, features: VoiceFeatures | None,
+                          failure: RequestFailure | None) -> None:
         """An EmbedVoice's x-vector, exactly as a request's prompt would hold it, as float32 bytes."""
         if features is None:
-            self.io.send(VoiceEmbedding(request_id, error=error))
+            self.io.send(VoiceEmbedding(request_id, failure=failure))
             return
         vector = features.speaker_embedding.detach().to("cpu", torch.float32)
         self.io.send(VoiceEmbedding(request_id, vector.numpy().tobytes()))
@@ -155,7 +163,7 @@ class TalkerStage:
         try:
             self._admit_if_ready(request)
         except Exception as e:  # a bad request fails alone, the stage keeps serving
-            self._fail(request, f"{type(e).__name__}: {e}")
+            self._fail(request, RequestFailure.of(e))
 
     def _on_append_text(self, m: AppendText) -> None:
         request = self.requests.get(m.request_id)
@@ -171,7 +179,7 @@ class TalkerStage:
                 if request.has_features:
                     self._admit_if_ready(request)
         except Exception as e:
-            self._fail(request, f"{type(e).__name__}: {e}")
+            self._fail(request, RequestFailure.of(e))
 
     def _admit_if_ready(self, request: TalkerStageRequest) -> None:
         prompt = request.add.prompt
@@ -180,17 +188,19 @@ class TalkerStage:
         if request.text_done or len(prompt.text_ids) >= prompt.prefill_text_tokens:
             self._admit(request)
 
-    def _fail(self, request: TalkerStageRequest, error: str) -> None:
+    def _fail(self, request: TalkerStageRequest, failure: RequestFailure) -> None:
         self.voice_features.cancel(request.add.request_id)
         self.engine.abort(request.add.request_id)
         self.requests.pop(request.add.request_id, None)
-        self.io.send(TalkerDone(request.add.request_id, 0, "error", error=error))
+        self.io.send(TalkerDone(request.add.request_id, 0, "error", failure=failure))
 
     @torch.inference_mode()
     def _admit(self, request: TalkerStageRequest) -> None:
         """Embed the prompt (voice features filled in), queue it in the engine, and put any ICL context chunk
         into the connector: before the request's first frame, which only a later step makes."""
         m, prompt = request.add, request.add.prompt
+        if prompt.is_icl and m.ref_codes is None:  # the clip's reference frames are known only now
+            self.limits.check_fits(prompt, prompt.ref_codes.shape[0], "ref_audio")
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, request.text_done)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, request.max_tokens,
                                               request.text_done))

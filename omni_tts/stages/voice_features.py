@@ -29,7 +29,7 @@ import torch
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import TalkerPrompt
 
-from .messages import AddRequest, EmbedVoice
+from .messages import AddRequest, EmbedVoice, RequestFailure
 
 WORKER_NICENESS = 5  # CPU: on top of the stage's; streams keep their pace, admission waits when cores are short
 MAX_CACHED_VOICES = 256
@@ -59,7 +59,7 @@ class FeatureJob:
     request: AddRequest | EmbedVoice     # a request's prompt is the loop's (the worker only reads whether it is
                                          # ICL); an EmbedVoice wants the x-vector alone
     features: VoiceFeatures | None = None   # set by the worker, or
-    error: str | None = None                # why the clip gave none
+    failure: RequestFailure | None = None   # why the clip gave none (bad input: a clip the encoders refuse)
 
     @property
     def icl(self) -> bool:
@@ -174,7 +174,7 @@ class VoiceFeatureWorker:
                 features = self._features(audio, jobs)
             except Exception as e:  # a bad clip fails its requests alone
                 for job in jobs:
-                    job.error = f"{type(e).__name__}: {e}"
+                    job.failure = RequestFailure.of(e)
                 continue
             for job in jobs:
                 job.features = features

@@ -110,6 +110,7 @@ def server():
 
 def test_metrics_follow_prometheus_naming(server):
     ok = dict(model=MODEL, input="Metrics.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=12)
+    before = scrape(server)["families"]
     assert post(server, ok) == 200
     assert post(server, dict(ok, stream_format="audio")) == 200
     assert post(server, dict(ok, model="tts-1", voice="alloy")) == 200
@@ -127,7 +128,12 @@ def test_metrics_follow_prometheus_naming(server):
         "omni_tts_stage_steps": "counter", "omni_tts_stage_step_duration_seconds": "histogram",
         "omni_tts_stage_requests": "gauge", "omni_tts_connector_chunks": "counter",
         "omni_tts_connector_latency_seconds": "histogram", "omni_tts_talker_waiting_for_text": "gauge",
-        "omni_tts_narration_segments": "counter"}
+        "omni_tts_narration_segments": "counter", "omni_tts_request_errors": "counter"}
+    # the three refused requests, each the request's own fault
+    errors = {kind: value(metrics["families"], "omni_tts_request_errors", "_total", kind=kind)
+              - value(before, "omni_tts_request_errors", "_total", kind=kind)
+              for kind in ("bad_input", "internal", "unavailable", "timeout")}
+    assert errors == {"bad_input": 3, "internal": 0, "unavailable": 0, "timeout": 0}
 
 
 def test_histograms_count_what_they_summarise(server):

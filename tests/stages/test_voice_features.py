@@ -26,8 +26,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
 from omni_tts.orchestrator.async_tts import AsyncTTS
-from omni_tts.stages.messages import (Abort, AddRequest, GetStats, Shutdown, StageEvent, StageLaunch, StageStats,
-                                      TalkerDone)
+from omni_tts.stages.messages import (Abort, AddRequest, FailureKind, GetStats, RequestFailure, Shutdown, StageEvent,
+                                      StageLaunch, StageStats, TalkerDone)
 from omni_tts.stages.talker_stage import TalkerStage
 from omni_tts.stages.voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
 
@@ -98,7 +98,7 @@ def test_features_equal_the_inline_computation(tts, worker, ref_text):
     j = job(tts, "r", ref_text=ref_text)
     worker.submit(j)
     [done] = wait_finished(worker, 1)
-    assert done is j and done.error is None and done.request.prompt.speaker_embedding is None  # the loop applies them
+    assert done is j and done.failure is None and done.request.prompt.speaker_embedding is None  # the loop applies them
     done.features.apply(done.request.prompt)
     expected = job(tts, "e", ref_text=ref_text).request.prompt
     tts.add_voice_features(expected, (CLIP, 24000))
@@ -166,7 +166,14 @@ def test_a_bad_clip_fails_alone(tts, worker):
         worker.submit(bad)
         worker.submit(good)
     wait_finished(worker, 2)
-    assert "too short" in bad.error and bad.features is None and good.error is None and good.features is not None
+    assert is_bad_input(bad.failure, "ref_audio", "too short") and bad.features is None
+    assert good.failure is None and good.features is not None
+
+
+def is_bad_input(failure: RequestFailure | None, param: str, says: str) -> bool:
+    """The request's own fault, naming `param`, saying `says`: the orchestrator answers it 400 and never retries."""
+    return (failure is not None and failure.kind is FailureKind.BAD_INPUT and failure.param == param
+            and says in failure.message)
 
 
 # --- a real TalkerStage in this process --------------------------------------------------------------------------
@@ -295,7 +302,7 @@ def test_stage_admission_does_not_stall_running_streams(tts, stage):
 
 def test_stage_icl_context_precedes_frames_and_cached_voice_skips_worker(tts, stage, monkeypatch):
     stage.send(add_request(tts, "a", ref_text=REF_TEXT, voice_version="fox@1.0"))
-    assert stage.next_event(TalkerDone).error is None
+    assert stage.next_event(TalkerDone).failure is None
     calls = []
     monkeypatch.setattr(stage.stage.voice_features, "submit", calls.append)
     stage.send(add_request(tts, "b", ref_text=REF_TEXT, voice_version="fox@1.0"))
@@ -322,10 +329,28 @@ def test_stage_abort_while_in_worker_and_error_fail_alone(tts, stage):
     while len(done) < 2:
         event = stage.next_event(TalkerDone)
         done[event.request_id] = event
-    assert "too short" in done["bad"].error and done["good"].error is None
+    assert is_bad_input(done["bad"].failure, "ref_audio", "too short") and done["good"].failure is None
     time.sleep(0.2)
     assert "aborted" not in stage.stats().request_ids
     assert not stage.received("aborted") and not stage.other_events
+
+
+def test_stage_input_errors_are_bad_input_naming_the_field(tts, stage):
+    """What only the stage can find is the request's fault, typed where it is found, and fails it alone: a clip whose
+    x-vector is no usable one (samples far outside [-1, 1] overflow the mel spectrogram into NaN), and a sent
+    x-vector of another size (checked before it is sent; the stage checks what crosses the process boundary)."""
+    loud = add_request(tts, "loud", clip=CLIP * np.float32(1e20))
+    vector = msgspec.structs.replace(add_request(tts, "vector", clip=None),
+                                     speaker_embedding=np.ones(3, np.float32).tobytes())
+    for request in (loud, vector, add_request(tts, "good")):
+        stage.send(request)
+    done = {}
+    while len(done) < 3:
+        event = stage.next_event(TalkerDone)
+        done[event.request_id] = event
+    assert is_bad_input(done["loud"].failure, "ref_audio", "no usable speaker embedding")
+    assert is_bad_input(done["vector"].failure, "speaker_embedding", "list of 64 numbers")
+    assert done["good"].failure is None and done["good"].num_frames > 0
 
 
 # --- through the orchestrator ------------------------------------------------------------------------------------

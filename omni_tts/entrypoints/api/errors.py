@@ -19,8 +19,10 @@ REQUEST_ERRORS = (ApiError, *ENGINE_ERRORS)
 
 
 def api_error(error: ApiError | EngineError) -> ApiError:
-    """The status and envelope of an error that ended a request: bad input 400, a stage down 503, no first audio in
-    time 503 (overloaded: the client should retry), no end in time 504, any other failure 500."""
+    """The status and envelope of an error that ended a request: bad input 400 naming the field (found before the
+    stages or inside them: a stage's bad-input failure arrives as a RequestError, `types.stage_error`), a stage
+    down 503, no first audio in time 503 (overloaded: the client should retry), no end in time 504, any other failure
+    (a stage's internal one) 500."""
     if isinstance(error, ApiError):
         return error
     if isinstance(error, RequestError):

@@ -33,6 +33,11 @@ class ServerMetrics:
         self.finished = Counter("omni_tts_requests_finished", "Generations that ran to their end, by finish reason "
                                 "(length: the frame budget ended it, not the end token)", ["finish_reason"],
                                 registry=r)
+        self.request_errors = Counter(
+            "omni_tts_request_errors", "Speech requests an error ended, before or after their first audio, by kind: "
+            "bad_input (the request's own fault, found by the API or inside a stage; never retried), internal (a "
+            "stage failed it), unavailable (the pipeline down, or the server overloaded), timeout (no end in time)",
+            ["kind"], registry=r)
         self.queue_depth = Gauge("omni_tts_queue_depth", "Admitted requests waiting for their first audio", registry=r)
         self.in_flight = Gauge("omni_tts_in_flight", "Admitted requests not finished", registry=r)
         self.ttfp = Histogram("omni_tts_ttfp_seconds", "Request arrival to first audio", registry=r,
@@ -68,8 +73,21 @@ class ServerMetrics:
             self.waiting_for_text.labels("prefill").set(sum(s.prompts_waiting_for_text for s in talkers))
             self.waiting_for_text.labels("row").set(sum(s.rows_waiting_for_text for s in talkers))
 
+    def count_error(self, status: int) -> None:
+        """A speech request ended by an error answered with `status` (errors.api_error gives it by the error's kind)."""
+        self.request_errors.labels(error_kind(status)).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def error_kind(status: int) -> str:
+    """The `omni_tts_request_errors` kind of an error answered with `status`."""
+    if status in (429, 503):
+        return "unavailable"
+    if status == 504:
+        return "timeout"
+    return "bad_input" if status < 500 else "internal"
 
 
 def stage_name(key: str) -> str:

@@ -176,6 +176,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
             # the status line went out long ago: end the connection without the chunked body's terminator, so the
             # client sees a truncated response instead of audio that merely stops (or a second response inside it)
             logger.warning("streamed response cut: %s", e)
+            state.metrics.count_error(api_error(e).status)
             if request.transport is not None:
                 request.transport.close()
             return response
@@ -232,7 +233,9 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                         await timestamps.flush()
                     await send({"type": "speech.audio.done", "usage": usage_json(chunk)})
         except REQUEST_ERRORS as e:
-            await send({"type": "speech.audio.error", "error": api_error(e).body()["error"]})
+            error = api_error(e)
+            state.metrics.count_error(error.status)
+            await send({"type": "speech.audio.error", "error": error.body()["error"]})
         await response.write_eof()
         return response
     finally:

@@ -103,7 +103,8 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
 @web.middleware
 async def count_speech_requests(request: web.Request, handler) -> web.StreamResponse:
     """The one place speech requests are counted, by their response's status (validation errors included, as
-    error_middleware, inside this one, renders them) or `abort` when the client went away."""
+    error_middleware, inside this one, renders them) or `abort` when the client went away; an error status by its
+    kind too (an error after the response started is counted where it ends the stream: responders.py)."""
     if request.match_info.handler is not create_speech:
         return await handler(request)
     status = "abort"
@@ -115,4 +116,7 @@ async def count_speech_requests(request: web.Request, handler) -> web.StreamResp
         status = str(e.status)
         raise
     finally:
-        request.app[STATE].metrics.requests.labels(status).inc()
+        metrics = request.app[STATE].metrics
+        metrics.requests.labels(status).inc()
+        if status.isdigit() and int(status) >= 400:
+            metrics.count_error(int(status))

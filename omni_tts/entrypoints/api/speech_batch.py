@@ -122,6 +122,7 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
     except REQUEST_ERRORS as e:
         error = api_error(e)
         state.metrics.requests.labels(str(error.status)).inc()
+        state.metrics.count_error(error.status)
         return {"index": index, "status": error.status, "error": error.body()["error"]}
     except asyncio.CancelledError:  # the client went away
         state.metrics.requests.labels("abort").inc()

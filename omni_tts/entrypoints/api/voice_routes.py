@@ -101,7 +101,10 @@ async def voice_embedding(request: web.Request) -> web.Response:
     if record.embedding_dim is None:
         vector = state.voice_embeddings.get(record.voice_version)
         if vector is None:  # engine errors (a stage down: 503) reach error_middleware
-            vector = await state.engine.embed_voice(voice, record.voice_version)
+            try:
+                vector = await state.engine.embed_voice(voice, record.voice_version)
+            except RequestError as e:  # the speaker encoder refuses the voice's clip
+                raise ApiError(400, f"voice '{record.name}': {e}", "name") from None
             state.voice_embeddings.put(record.voice_version, vector)
         voice = vector
     return web.json_response({"object": "audio.voice.embedding", "name": record.name,

@@ -11,7 +11,7 @@ from torch import nn
 from .audio import SAMPLE_RATE, load_audio, resample_to
 from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
 from .mimi_config import MimiEncoderConfig
-from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt
+from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embedding_problem
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
 from .speech_decoder import SpeechDecoder
 from .speech_encoder import SpeechEncoder
@@ -115,10 +115,17 @@ class Qwen3TTS:
 
     @torch.no_grad()
     def add_voice_features(self, prompt: TalkerPrompt, ref_audio: AudioInput | None) -> None:
-        """Base: x-vector (and, for ICL without given reference codes, the clip's codes) from the reference audio."""
+        """Base: x-vector (and, for ICL without given reference codes, the clip's codes) from the reference audio;
+        RequestError('ref_audio') for a clip that gives none the talker can use."""
         if self.model_type != "base":
             return
         wav = reference_audio_24k(ref_audio)
-        prompt.speaker_embedding = extract_speaker_embedding(self.speaker_encoder, wav)
+        embedding = extract_speaker_embedding(self.speaker_encoder, wav)
+        # a finite clip can still overflow the mel spectrogram (samples far outside [-1, 1]): a NaN x-vector would
+        # make the talker speak noise until its token limit
+        problem = embedding_problem(self.config.speaker_encoder.enc_dim, embedding.float().cpu().numpy())
+        if problem is not None:
+            raise RequestError("ref_audio", f"ref_audio gives no usable speaker embedding: its x-vector {problem}")
+        prompt.speaker_embedding = embedding
         if prompt.wants_clip_codes:
             prompt.ref_codes = self.speech_encoder.encode(wav)

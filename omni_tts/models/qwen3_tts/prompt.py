@@ -60,18 +60,6 @@ class SynthesisRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
-@dataclass(frozen=True)
-class PromptLimits:
-    """The talker stage's per-request bounds (stage config), checked when a request is tokenized: a request over
-    them is a RequestError naming its field, not a failure inside the stage."""
-    max_text_tokens: int  # input text tokens, plus ref_text tokens for ICL cloning (both trail the prompt)
-    max_model_len: int    # prompt rows + generated tokens
-
-
-# prompt rows besides the text: role (3), codec tag (≤ 4), speaker (1), pad/bos (1), tts_eos and codec_bos (2)
-_CONTROL_ROWS = 11
-
-
 class TalkerPrompt(msgspec.Struct, omit_defaults=True):
     """Everything the prefill needs, as ids and (for Base) voice features. The ids cross to the talker stage inside
     its AddRequest; the voice features are computed there (they are None on the wire)."""
@@ -103,6 +91,36 @@ class TalkerPrompt(msgspec.Struct, omit_defaults=True):
         return 1
 
 
+# prompt rows besides the text: role (3), codec tag (≤ 4), speaker (1), pad/bos (1), tts_eos and codec_bos (2)
+_CONTROL_ROWS = 11
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """The talker stage's per-request bounds (stage config), checked when a request is tokenized and again in the
+    stage once a reference clip's frames are known: a request over them is a RequestError naming its field."""
+    max_text_tokens: int  # input text tokens, plus ref_text tokens for ICL cloning (both trail the prompt)
+    max_model_len: int    # prompt rows + generated tokens
+
+    def check_fits(self, prompt: TalkerPrompt, ref_frames: int = 0, ref_param: str = "ref_codes") -> None:
+        """RequestError naming the field if the prompt exceeds the limits. ref_frames: the ICL reference's codec
+        frames, from `ref_param` (the given ref_codes, or in the stage the ref_audio clip's)."""
+        text_ids, ref_text_ids, instruct_ids = prompt.text_ids, prompt.ref_text_ids or [], prompt.instruct_ids
+        if len(text_ids) > self.max_text_tokens:
+            raise RequestError("input", f"input is {len(text_ids)} text tokens; the limit is {self.max_text_tokens}")
+        if len(ref_text_ids) + len(text_ids) > self.max_text_tokens:
+            raise RequestError("ref_text", f"ref_text ({len(ref_text_ids)} text tokens) and input "
+                                           f"({len(text_ids)}) exceed the limit of {self.max_text_tokens} together")
+        # an upper bound of the prompt rows (streaming layouts hold fewer)
+        rows = len(instruct_ids) + len(ref_text_ids) + len(text_ids) + ref_frames + _CONTROL_ROWS
+        if rows >= self.max_model_len:
+            param = (ref_param if rows - ref_frames < self.max_model_len else
+                     "instructions" if instruct_ids else "input")
+            raise RequestError(param, f"the prompt ({rows} rows with {len(instruct_ids)} instruction tokens and "
+                                      f"{ref_frames} reference frames) leaves no room to generate within "
+                                      f"max_model_len {self.max_model_len}")
+
+
 def check_speaker_embedding(config: Qwen3TTSConfig, values: Sequence[float] | np.ndarray, *, ref_audio: bool,
                             ref_text: bool, ref_codes: bool = False) -> np.ndarray:
     """A sent x-vector as float32 [enc_dim], or RequestError('speaker_embedding'): Base checkpoints only, exactly
@@ -111,24 +129,32 @@ def check_speaker_embedding(config: Qwen3TTSConfig, values: Sequence[float] | np
     def refuse(message: str) -> RequestError:
         return RequestError("speaker_embedding", message)
 
-    encoder = config.speaker_encoder
-    if config.tts_model_type != "base" or encoder is None:
+    if config.tts_model_type != "base" or config.speaker_encoder is None:
         raise refuse(f"speaker_embedding is only supported by Base (voice clone) models; this one is "
                      f"{config.tts_model_type}")
     vector = np.asarray(values, dtype=np.float64)
-    if vector.ndim != 1 or vector.shape[0] != encoder.enc_dim:
-        raise refuse(f"speaker_embedding must be a list of {encoder.enc_dim} numbers (this checkpoint's speaker "
-                     f"encoder size), got {vector.shape[0] if vector.ndim == 1 else 'a nested list'}")
-    if not np.isfinite(vector).all():
-        raise refuse("speaker_embedding must hold finite numbers (no NaN or infinity)")
-    if vector.size and np.abs(vector).max() > MAX_EMBEDDING_ABS:
-        raise refuse(f"speaker_embedding values must lie within ±{MAX_EMBEDDING_ABS:g}")
+    problem = embedding_problem(config.speaker_encoder.enc_dim, vector)
+    if problem is not None:
+        raise refuse(f"speaker_embedding {problem}")
     if ref_audio:
         raise refuse("speaker_embedding is the voice: give it or ref_audio (or an uploaded voice), not both")
     if ref_text and not ref_codes:
         raise refuse("speaker_embedding means x-vector-only cloning, which takes no ref_text (ICL needs "
                      "ref_audio)")
     return vector.astype(np.float32)
+
+
+def embedding_problem(size: int, vector: np.ndarray) -> str | None:
+    """Why `vector` is no x-vector of a speaker encoder of output `size` (a sent one, or one computed from a clip),
+    as a predicate ("must ..."), or None: exactly `size` values, finite, |v| <= MAX_EMBEDDING_ABS."""
+    if vector.ndim != 1 or vector.shape[0] != size:
+        return (f"must be a list of {size} numbers (this checkpoint's speaker encoder size), got "
+                f"{vector.shape[0] if vector.ndim == 1 else 'a nested list'}")
+    if not np.isfinite(vector).all():
+        return "must hold finite numbers (no NaN or infinity)"
+    if vector.size and np.abs(vector).max() > MAX_EMBEDDING_ABS:
+        return f"values must lie within ±{MAX_EMBEDDING_ABS:g}"
+    return None
 
 
 def check_ref_codes(config: Qwen3TTSConfig, values: object) -> np.ndarray:
@@ -263,25 +289,10 @@ class PromptBuilder:
 
     def check_fits(self, prompt: TalkerPrompt, ref_frames: int = 0) -> None:
         """RequestError naming the field if the prompt exceeds the talker's limits (a text that arrives in pieces is
-        checked as it grows). ref_frames: the given ICL reference codes' frames (a clip's are not known yet)."""
-        if self.limits is None:
-            return
-        limits, text_ids, ref_text_ids, instruct_ids = (self.limits, prompt.text_ids, prompt.ref_text_ids or [],
-                                                        prompt.instruct_ids)
-        if len(text_ids) > limits.max_text_tokens:
-            raise RequestError("input", f"input is {len(text_ids)} text tokens; the limit is "
-                                        f"{limits.max_text_tokens}")
-        if len(ref_text_ids) + len(text_ids) > limits.max_text_tokens:
-            raise RequestError("ref_text", f"ref_text ({len(ref_text_ids)} text tokens) and input "
-                                           f"({len(text_ids)}) exceed the limit of {limits.max_text_tokens} together")
-        # an upper bound of the prompt rows known before the voice features (streaming layouts hold fewer)
-        rows = len(instruct_ids) + len(ref_text_ids) + len(text_ids) + ref_frames + _CONTROL_ROWS
-        if rows >= limits.max_model_len:
-            param = ("ref_codes" if rows - ref_frames < limits.max_model_len else
-                     "instructions" if instruct_ids else "input")
-            raise RequestError(param, f"the prompt ({rows} rows with {len(instruct_ids)} instruction tokens and "
-                                      f"{ref_frames} reference frames) leaves no room to generate within "
-                                      f"max_model_len {limits.max_model_len}")
+        checked as it grows). ref_frames: the given ICL reference codes' frames (a clip's are not known yet: the
+        stage checks them)."""
+        if self.limits is not None:
+            self.limits.check_fits(prompt, ref_frames)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from torch import nn
 
 from .audio import SAMPLE_RATE
 from .checkpoint_config import SpeakerEncoderConfig
+from .prompt import RequestError
 
 # Mel constants are fixed in the reference (not read from the config).
 N_FFT = 1024
@@ -246,14 +247,16 @@ def min_samples_for_embedding(encoder: SpeakerEncoder) -> int:
 
 @torch.no_grad()
 def extract_speaker_embedding(encoder: SpeakerEncoder, wav24k: np.ndarray) -> torch.Tensor:
-    """x-vector [enc_dim] of mono 24 kHz float audio, in the encoder's dtype and on its device."""
+    """x-vector [enc_dim] of mono 24 kHz float audio, in the encoder's dtype and on its device; a clip too short for
+    the encoder's convolutions is the request's fault: RequestError('ref_audio')."""
     wav = np.asarray(wav24k, dtype=np.float32)
     if wav.ndim != 1:
         raise ValueError(f"expected mono audio of shape [samples], got shape {wav.shape}")
     need = min_samples_for_embedding(encoder)
     if wav.shape[0] < need:
-        raise ValueError(f"reference audio too short for the speaker encoder: {wav.shape[0]} samples at 24 kHz, "
-                         f"need ≥ {need}")
+        raise RequestError("ref_audio", f"ref_audio is too short for the speaker encoder: {wav.shape[0]} samples "
+                                        f"at 24 kHz ({wav.shape[0] / SAMPLE_RATE:.3f} s), it needs at least {need} "
+                                        f"({need / SAMPLE_RATE:.3f} s)")
     param = next(encoder.parameters())
     mel = mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(param.device))
     return encoder(mel.to(param.dtype))[0]
