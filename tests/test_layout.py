@@ -1,6 +1,6 @@
 """The package's shape as docs/architecture.md draws it: every module one idea of at most 400 lines, imports that
-flow one way through the layers (entrypoints → orchestrator → stages → engine → models, connectors, audio,
-config), and no import cycle between modules. Read from the source (ast), so lazy and TYPE_CHECKING imports count
+flow one way through the layers (entrypoints → orchestrator → stages → engine, voices → models, connectors,
+audio, config), no import cycle between modules, and a README.md in every package folder. Read from the source (ast), so lazy and TYPE_CHECKING imports count
 too: a dependency is a dependency wherever the import statement sits."""
 import ast
 from pathlib import Path
@@ -114,3 +114,8 @@ def test_a_module_name_means_one_thing():
             places.setdefault(path.stem, []).append(module)
     assert {name: found for name, found in places.items() if len(found) > 1} == {}
 
+
+def test_every_package_folder_says_what_it_holds():
+    """Each package folder has a README.md: what is there and what it may import."""
+    folders = {path.parent for path in PACKAGE.rglob("__init__.py")}
+    assert sorted(str(f.relative_to(PACKAGE)) for f in folders if not (f / "README.md").is_file()) == []

@@ -1,6 +1,6 @@
 """Stage-to-stage transports (talker → code2wav), one per kind behind one interface (``base``): ``shm_ring``, the
-shared-memory chunk ring for stages on one host, and ``tcp``, one pyzmq TCP connection for a code2wav on another
-host. ``kinds`` maps a spec to its writer and reader."""
+shared-memory chunk ring for stages on one host, ``tcp``, one pyzmq TCP connection for a code2wav on another
+host, and ``local``, the fused layout's in-process hand-over. ``kinds`` maps a spec to its writer and reader."""
 
 from omni_tts.connectors.base import (
     FLAG_IS_CONTEXT,

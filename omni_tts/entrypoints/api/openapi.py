@@ -164,7 +164,7 @@ def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
         "fields are defaults an item's own fields override")
     for name in ("SpeechRequest", "SessionConfig", "SpeechBatchRequest"):
         schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = list(model_names)
-        if not strict_fields:  # protocol.decode_speech_options: ignored, and named in a header
+        if not strict_fields:  # schema.decode_speech_options: ignored, and named in a header
             del schemas[name]["additionalProperties"]
     upload = schemas["VoiceUpload"]["properties"]
     for field in VOICE_FORM_FILES:  # a file part, not base64 text (msgspec's JSON view of bytes)

@@ -2,7 +2,7 @@
 
 The body is `{"items": [...], ...defaults}`: each item is a /v1/audio/speech body; every other field of the batch
 (any speech field but `input`) is a default that an item's own field overrides (`speaker` and `voice` count as one
-field). An item is checked exactly as a request to /v1/audio/speech is (`protocol.decode_speech_options`,
+field). An item is checked exactly as a request to /v1/audio/speech is (`schema.decode_speech_options`,
 `synthesis.check_speech`), takes its own admission slot, and runs concurrently with the others; it asks for a
 whole file (`stream: true` or a `stream_format` fails it). One item's failure is its own: its result carries the
 status and error envelope /v1/audio/speech would have answered, and the batch is still 200. Only a malformed batch
