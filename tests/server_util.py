@@ -8,9 +8,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
+
+from waiting import eventually
 
 
 def free_port() -> int:
@@ -51,17 +52,16 @@ class ServerProcess:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=environment(env or {}),
                                      cwd=cwd)
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"server did not become healthy in {startup_timeout:g} s: {self.stop()}")
+        eventually(self._healthy, startup_timeout, lambda: f"the server healthy; it wrote: {self.stop()}", interval=0.1)
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited: {self.output()}")
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def output(self) -> str:
         """Everything the server wrote so far."""

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import msgspec
@@ -109,8 +110,7 @@ def holding_reader_main(spec: ConnectorSpec, expected: int, release_now: mp.Even
     with chunk_reader(spec) as reader:
         held = [reader.get(WAIT_S) for _ in range(spec.num_slots)]
         assert all(c is not None for c in held)
-        extra = reader.get(0.3)  # the writer must not reuse a slot we hold
-        results.put(("holding", len(held), extra is None))
+        results.put(("holding", len(held)))
         assert release_now.wait(WAIT_S)
         got = [digest(c.request_id, c.seq, c.codes, c.is_last, c.is_context) for c in held]
         for c in held:
@@ -132,7 +132,7 @@ def idle_main(role: str, spec: ConnectorSpec, go_idle: mp.Event, results: mp.Que
             assert writer.flush(WAIT_S)
             assert go_idle.wait(WAIT_S)
             cpu0, wall0 = cpu_seconds(), time.monotonic()
-            time.sleep(1.0)  # engine idle; the save/release threads are blocked
+            time.sleep(1.0)  # a window to measure over (engine idle; the save/release threads are blocked)
             results.put((role, (cpu_seconds() - cpu0) / (time.monotonic() - wall0)))
     else:
         with chunk_reader(spec) as reader:
@@ -209,23 +209,18 @@ def test_back_pressure_never_blocks_put_and_loses_nothing(procs, kind):
     n = 20
     chunks = [(f"bp-{i % 3}", i // 3, np.full((1 + i % 25, NUM_CODEBOOKS), i), i >= n - 3, False) for i in range(n)]
     with create_owner(kind, num_slots=4, max_frames=25, edge="t2") as owner, chunk_writer(owner.spec) as writer:
-        put_times = []
-        for c in chunks:  # all puts happen before the reader even exists
-            t0 = time.perf_counter()
+        for c in chunks:  # all puts happen before the reader even exists: a put waiting for a slot would hang here
             writer.put(*c)
-            put_times.append(time.perf_counter() - t0)
-        assert max(put_times) < 0.05, "put() must not block the engine"
 
         results, release_now = CTX.Queue(), CTX.Event()
         r = procs(holding_reader_main, owner.spec, n, release_now, results)
-        holding = results.get(timeout=WAIT_S)
-        assert holding == ("holding", 4, True)  # 4 slots taken, no 5th chunk while they are held
+        assert results.get(timeout=WAIT_S) == ("holding", 4)
+        # the sender met every slot held (a stall) and wrote no 5th chunk: it does not reuse a slot the reader holds
         stats = writer.stats()
         assert (stats.chunks_written, stats.slots_in_use, stats.pending) == (4, 4, n - 4)
         assert stats.slot_stalls >= 1 and n - 4 <= stats.max_queued <= n  # the sender may take 4 during the puts
-        t0 = time.perf_counter()
-        writer.put("late", 0, np.zeros((1, NUM_CODEBOOKS), np.int32), is_last=True)  # still non-blocking
-        assert time.perf_counter() - t0 < 0.05
+        writer.put("late", 0, np.zeros((1, NUM_CODEBOOKS), np.int32), is_last=True)  # still non-blocking: queued
+        assert writer.stats().pending == n - 4 + 1
         chunks.append(("late", 0, np.zeros((1, NUM_CODEBOOKS), np.int32), True, False))
 
         release_now.set()
@@ -300,9 +295,10 @@ def test_sigkilled_reader_does_not_hang_writer_close(procs, kind):
         os.kill(r.pid, signal.SIGKILL)
         r.join(WAIT_S)
         writer.put("k2", 0, np.ones((1, NUM_CODEBOOKS), np.int32), is_last=True)  # save thread stuck on slots
-        t0 = time.perf_counter()
-        writer.close()
-        assert time.perf_counter() - t0 < 1.0
+        closing = threading.Thread(target=writer.close)
+        closing.start()
+        closing.join(WAIT_S)
+        assert not closing.is_alive(), "close() hangs on a save thread waiting for slots"
         assert all(not t.is_alive() for t in writer._threads)
         writer.close()
 

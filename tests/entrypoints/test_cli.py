@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -70,14 +69,12 @@ def test_bad_port_is_a_usage_error(port):
     assert_one_line_error(result, 2, "argument --port: must be ")
 
 
-def test_busy_port_fails_at_once_before_loading_anything():
+def test_busy_port_fails_at_once_before_loading_anything(tmp_path):
+    """The model is an empty folder: had anything been read from it first, that would be the error."""
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        started = time.monotonic()
-        result = run_cli("serve", "--port", str(port), "--model", str(FIXTURES / "tiny-custom-voice"))
-        elapsed = time.monotonic() - started
+        result = run_cli("serve", "--port", str(port), "--model", str(tmp_path))
     assert_one_line_error(result, 1, f"cannot listen on 127.0.0.1:{port}: Address already in use")
-    assert elapsed < 3.0  # the tiny model alone takes longer to load: nothing was loaded
 
 
 def test_serve_ray_without_ray_says_how_to_install_it():

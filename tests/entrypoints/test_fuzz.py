@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
 
 from conftest import FIXTURES
 from server_util import ServerProcess
+from waiting import eventually
 
 MODEL = "fuzz-model"
 EXAMPLES_PER_MODE = 60  # per operation and generation mode: ~15 s per model on the shared 2-core machine
@@ -252,10 +252,7 @@ def test_fuzz_the_websocket_route(server):
     run()
     assert server.proc.poll() is None, "the server died"
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
-    deadline = time.monotonic() + 10
-    while held(server) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert held(server) == 0, "sessions left requests in the stages or admitted"
+    eventually(lambda: held(server) == 0, what="the sessions' requests gone from the stages and admission")
     assert not findings, "\n".join(f"{m!r}: {p}" for m, p in findings) + server.output()[-4000:]
 
 

@@ -1,17 +1,19 @@
 """/metrics of a real server, linted against Prometheus' naming conventions (as vLLM's /metrics follows them), its
 histograms checked against the counts they summarise, and the stage figures' survival of a stage restart."""
+import asyncio
 import json
 import re
 import urllib.error
 import urllib.request
 
+import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FIXTURES
 from omni_tts.entrypoints.api.metrics import StageCollector
 from omni_tts.stages.messages import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
-from server_util import ServerProcess
+from server_util import ServerProcess, app_in_process
 
 MODEL = "metrics-model"
 NAME = re.compile(r"omni_tts_[a-z0-9_]+")
@@ -158,6 +160,35 @@ def test_histograms_count_what_they_summarise(server):
     chunks = value(after, "omni_tts_connector_chunks", "_total")
     assert grew("omni_tts_connector_chunks", "_total") >= 2
     assert value(after, "omni_tts_connector_latency_seconds", "_count") == chunks
+
+
+def test_concurrent_scrapes_all_get_the_stage_figures():
+    """Overlapping scrapes share one stats round trip: the engine keeps one pending answer per stage, so a second
+    round trip would take the first one's answer and leave it to time out (the figures of the scrape before)."""
+    async def main():
+        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
+            outcomes = []
+            stats = state.engine.stats
+
+            async def counted_stats(timeout: float):
+                try:
+                    result = await stats(timeout=timeout)
+                except Exception as e:
+                    outcomes.append(e)
+                    raise
+                outcomes.append("answered")
+                return result
+            state.engine.stats = counted_stats
+            async with aiohttp.ClientSession() as http:
+                async def scrape() -> str:
+                    async with http.get(url + "/metrics") as response:
+                        return await response.text()
+                for _ in range(3):
+                    for text in await asyncio.gather(*(scrape() for _ in range(5))):
+                        assert 'omni_tts_stage_steps_total{stage="talker"}' in text
+                        assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
+            assert outcomes and set(outcomes) == {"answered"}, outcomes
+    asyncio.run(main())
 
 
 def stage_stats(pid: int, steps: int, step_seconds: float) -> StageStats:

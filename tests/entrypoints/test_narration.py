@@ -13,6 +13,7 @@ import pytest
 
 from conftest import FIXTURES
 from server_util import ServerProcess, app_in_process, request
+from waiting import eventually_async
 
 SENTENCE_PAUSE_MS, PARAGRAPH_PAUSE_MS = 200, 600
 GREEDY = {"voice": "ryan", "temperature": 0, "max_new_tokens": 3, "seed": 11,
@@ -196,8 +197,7 @@ async def _slow_reader_then_disconnect(model_dir: str) -> None:
                 await asyncio.sleep(0.005)   # reads slower than the narration is made
             assert state.admitted == 1
             response.close()   # the client goes away mid-way
-        while state.admitted or state.engine.requests:
-            await asyncio.sleep(0.02)
+        await eventually_async(lambda: not (state.admitted or state.engine.requests), what="the narration ended")
         stats = await state.engine.stats()
         assert all(not s.request_ids for s in stats.values()), stats
         assert count("delivered") < total

@@ -25,6 +25,7 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from openai.types.audio import Voice, VoiceDeleted
 from server_util import ServerProcess, free_port, request, stage_pids
+from waiting import eventually, eventually_async
 
 MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
@@ -353,9 +354,8 @@ def test_ready_line_access_log_and_version(cv_server):
     assert status == 200 and json.loads(version) == {"version": importlib.metadata.version("omni_tts")}
     speech_line = f'{headers["X-Request-Id"]} 127.0.0.1 "POST /v1/audio/speech" 200 '
     version_line = f'{version_headers["X-Request-Id"]} 127.0.0.1 "GET /version" 200 '
-    deadline = time.monotonic() + 30  # a line is written once its response has gone out
-    while version_line not in (output := cv_server.output()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # a line is written once its response has gone out
+    output = eventually(lambda: version_line in (out := cv_server.output()) and out, what="the access-log line")
     ready = next(line for line in output.splitlines() if " ready: " in line)
     threads = {stage: f"{n} torch thread{'s' if n > 1 else ''}"
                for stage, n in stage_threads(load_stage_config("cpu_tiny")).items()}
@@ -455,11 +455,8 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
         finally:
             for pid in stages:
                 os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (_metric(server, "omni_tts_stage_requests") or
-                                               _metric(server, "omni_tts_in_flight")):
-            time.sleep(0.2)
-        assert _metric(server, "omni_tts_stage_requests") == 0 and _metric(server, "omni_tts_in_flight") == 0
+        eventually(lambda: _metric(server, "omni_tts_stage_requests") == 0 and _metric(server, "omni_tts_in_flight") == 0,
+                   what="the stages and admission holding nothing")
         assert request(server.url + "/v1/audio/speech", dict(long_request, max_new_tokens=10))[0] == 200
     finally:
         server.stop()
@@ -491,9 +488,7 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
     with ThreadPoolExecutor(len(names)) as uploads:
         with exclusive(str(base_server.voices_dir / LOCK_FILE)):
             waiting = [uploads.submit(upload_voice, base_server, name, clip) for name in names]
-            deadline = time.monotonic() + 30
-            while not _waits_on_a_file_lock(base_server.proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: _waits_on_a_file_lock(base_server.proc.pid), what="an upload waiting on the lock")
             speech = http.client.HTTPConnection("127.0.0.1", base_server.port, timeout=60)
             speech.request("POST", "/v1/audio/speech", json.dumps(dict(
                 GREEDY, model=MODEL, input="Hello there.", ref_audio=str(REF_WAV), ref_text=REF_TEXT,
@@ -523,8 +518,7 @@ def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
                 response = await http.post(url + "/v1/audio/speech", json=body)
                 assert response.status == 200 and await response.content.readany()
                 response.close()  # the client goes away mid-stream
-            while state.admitted:
-                await asyncio.sleep(0.01)
+            await eventually_async(lambda: not state.admitted, what="the stream's slot freed")
             assert state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) == 1
             assert unclosed_codec_containers() == []
 

@@ -16,6 +16,7 @@ from omni_tts.voices import store as voices_module
 from omni_tts.voices.store import CLOCK_FILE, LOCK_FILE, VoiceError, VoiceStore, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.audio import resampled_length
 from test_voices import CLIP, CLIP_22K, CLIP_WAV, N_22K, age, files_under
+from waiting import eventually
 
 LENGTHS = {24000: len(CLIP_WAV), 22050: resampled_length(N_22K, 22050)}  # samples of each clip at 24 kHz
 
@@ -139,7 +140,7 @@ def test_replicas_in_real_processes_race_on_the_same_names(tmp_path):
     worker = Path(__file__).parent / "voice_race.py"
     procs = [subprocess.Popen([sys.executable, str(worker), str(root), str(go), str(seed), "60"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for seed in (1, 2)]
-    time.sleep(0.5)  # both importing; whichever is ready first waits for go
+    eventually(lambda: all(Path(f"{go}.ready-{seed}").exists() for seed in (1, 2)), what="both replicas set up")
     go.touch()
     results = []
     for proc in procs:

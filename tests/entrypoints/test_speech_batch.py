@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
 from omni_tts.entrypoints.api.schema import MAX_BATCH_ITEMS
 from server_util import ServerProcess, request, stage_pids
 from test_server import GREEDY, MODEL, assert_pcm_close
+from waiting import eventually
 
 DEFAULTS = dict(GREEDY, response_format="pcm", voice="ryan")
 
@@ -129,25 +129,21 @@ def test_a_full_queue_fails_the_items_beyond_it_and_a_client_that_leaves_aborts_
                           items=[{"input": RUNS_TO_ITS_LIMIT}, {"input": RUNS_TO_ITS_LIMIT, "voice": "vivian"}])
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         conn.request("POST", "/v1/audio/speech/batch", json.dumps(long_items), {"Content-Type": "application/json"})
-        deadline = time.monotonic() + 60
         # both items admitted and past their first audio (191 frames each: they run for seconds more)
-        while time.monotonic() < deadline and not (_metric(server, "omni_tts_in_flight") == 2 and
-                                                   _metric(server, "omni_tts_queue_depth") == 0):
-            time.sleep(0.05)
+        eventually(lambda: _metric(server, "omni_tts_in_flight") == 2 and _metric(server, "omni_tts_queue_depth") == 0,
+                   what="both items admitted")
         stages = stage_pids(server.proc.pid)
         for pid in stages:  # nothing can finish while the client leaves
             os.kill(pid, signal.SIGSTOP)
         try:
             assert _metric(server, "omni_tts_in_flight") == 2
             conn.close()
-            while time.monotonic() < deadline and _metric(server, "omni_tts_in_flight"):
-                time.sleep(0.05)
+            eventually(lambda: not _metric(server, "omni_tts_in_flight"), what="the items aborted")
         finally:
             for pid in stages:
                 os.kill(pid, signal.SIGCONT)
-        while time.monotonic() < deadline and _metric(server, "omni_tts_stage_requests"):
-            time.sleep(0.05)
-        assert _metric(server, "omni_tts_in_flight") == 0 and _metric(server, "omni_tts_stage_requests") == 0
+        eventually(lambda: not _metric(server, "omni_tts_stage_requests"), what="the stages holding nothing")
+        assert _metric(server, "omni_tts_in_flight") == 0
         assert _metric(server, 'omni_tts_requests_total{status="abort"}') == 2
         assert _metric(server, "omni_tts_requests_finished_total") == finished  # aborted, not run to their end
         assert batch(server, dict(DEFAULTS, items=[{"input": "Still serving."}]))[0] == 200

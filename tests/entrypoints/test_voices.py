@@ -21,6 +21,7 @@ from aiohttp import web
 from conftest import FIXTURES
 from audio_util import encode, flac_claiming, tone
 from server_util import free_port
+from waiting import eventually_async
 import omni_tts.audio.ref_audio as ref_audio_module
 from omni_tts.audio.ref_audio import URL_FAILED, RefAudioError, decode_reference, fetch_ref_audio
 from omni_tts.audio.url_fetch import RemoteAudioFetcher, UrlPolicy
@@ -295,11 +296,10 @@ def test_urls_disabled_and_concurrent_fetches_bounded():
             fetcher = fetcher_for("127.0.0.1", max_concurrent=2, timeout_s=1.0)
             try:
                 hanging = [asyncio.create_task(fetch(site.url + "/hang", fetcher=fetcher)) for _ in range(2)]
-                while len(site.hits) < 2:
-                    await asyncio.sleep(0.01)
-                started = asyncio.get_running_loop().time()
+                await eventually_async(lambda: len(site.hits) == 2, what="both hanging fetches started")
                 await expect_error(fetch(site.url + "/clip.wav", fetcher=fetcher), "already in progress", 429)
-                assert asyncio.get_running_loop().time() - started < 0.1 and len(site.hits) == 2
+                # refused while both slots were held (not after waiting for one), and without a fetch of its own
+                assert not any(task.done() for task in hanging) and len(site.hits) == 2
                 for task in hanging:
                     await expect_error(task, FAILED)
                 assert (await fetch(site.url + "/clip.wav", fetcher=fetcher)).shape == CLIP_WAV.shape  # freed

@@ -5,7 +5,6 @@ import io
 import json
 import os
 import signal
-import time
 
 import pytest
 import soundfile as sf
@@ -15,6 +14,7 @@ from omni_tts.config import STAGE_CONFIG_DIR
 from omni_tts.models.qwen3_forced_aligner.words import split_words
 from server_util import ServerProcess, request, stage_pids, ws_utterance
 from test_server import parse_sse
+from waiting import RESTART_TIMEOUT, eventually
 
 ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
 TEXT = "Hello world, this is a test. The quick brown fox jumps over the lazy dog!"
@@ -143,16 +143,6 @@ def aligner_status(server) -> dict:
     return json.loads(request(server.url + "/health")[2])["aligner"]
 
 
-def wait_for(predicate, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
-
-
 def test_a_stuck_or_killed_aligner_costs_timestamps_not_audio(server):
     """Held by state: the aligner is stopped (SIGSTOP), so a segment waits in it; the request still gets its audio."""
     pid = aligner_status(server)["pid"]
@@ -165,7 +155,8 @@ def test_a_stuck_or_killed_aligner_costs_timestamps_not_audio(server):
     finally:
         os.kill(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGCONT)
-    status = wait_for(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, "aligner restarted")
+    status = eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, RESTART_TIMEOUT,
+                        "aligner restarted")
     assert status["pending"] == 0
     status, headers, _ = speak(server, response_format="wav")
     assert status == 200 and "x-word-timestamps" in headers
@@ -178,14 +169,14 @@ def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
     os.kill(pid, signal.SIGSTOP)
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(speak, server, response_format="json")
-        wait_for(lambda: aligner_status(server)["pending"] >= 1, "a segment waits in the aligner")
+        eventually(lambda: aligner_status(server)["pending"] >= 1, what="a segment waits in the aligner")
         os.kill(pid, signal.SIGKILL)
         status, _, body = answer.result()
     assert status == 200
     result = json.loads(body)
     assert result["words"] is None and "exited" in result["timestamps_unavailable"]
     assert sf.info(io.BytesIO(base64.b64decode(result["audio"]))).duration > 0
-    wait_for(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, "aligner restarted")
+    eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, RESTART_TIMEOUT, "aligner restarted")
 
 
 def test_beside_code2wav_the_aligner_lives_and_restarts_with_its_process(tmp_path):
@@ -206,8 +197,9 @@ def test_beside_code2wav_the_aligner_lives_and_restarts_with_its_process(tmp_pat
         check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in words], TEXT,
                     float(headers["x-omni-tts-audio-seconds"]))
         os.kill(code2wav, signal.SIGKILL)
-        wait_for(lambda: (s := aligner_status(hosted))["ready"] and s["pid"] != code2wav, "aligner back with code2wav")
-        wait_for(lambda: request(hosted.url + "/health")[0] == 200, "pipeline healthy")
+        eventually(lambda: (s := aligner_status(hosted))["ready"] and s["pid"] != code2wav, RESTART_TIMEOUT,
+                   "aligner back with code2wav")
+        eventually(lambda: request(hosted.url + "/health")[0] == 200, RESTART_TIMEOUT, "pipeline healthy")
         status_code, headers, _ = speak(hosted, response_format="wav")
         assert status_code == 200 and "x-word-timestamps" in headers
     finally:

@@ -1,14 +1,16 @@
 """One replica of a voice store in a race (tests/entrypoints/test_shared_voices.py): `python voice_race.py ROOT GO SEED OPS`
-waits for the file GO, then runs OPS random uploads, deletes, loads and restarts on a few shared names, and prints
-what it saw as JSON. Its own process, so it imports no torch (and no conftest)."""
+writes GO.ready-SEED once it is set up, waits for the file GO, then runs OPS random uploads, deletes, loads and
+restarts on a few shared names, and prints what it saw as JSON. Its own process, so it imports no torch (and no
+conftest)."""
 import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
-from omni_tts.voices.store import VoiceError, VoiceStore
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from omni_tts.voices.store import VoiceError, VoiceStore  # noqa: E402
+from waiting import eventually  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"
 CLIPS = [(FIXTURES / "ref_voice.wav").read_bytes(), (FIXTURES / "ref_voice_22k.wav").read_bytes()]
@@ -19,8 +21,8 @@ def main(root: str, go: str, seed: int, ops: int) -> dict:
     rng = random.Random(seed)
     store = VoiceStore(root)
     seen: dict = {"adds": [], "loads": [], "errors": []}
-    while not os.path.exists(go):
-        time.sleep(0.002)
+    Path(f"{go}.ready-{seed}").touch()
+    eventually(lambda: os.path.exists(go), what="the go file", interval=0.001)  # both start within a millisecond
     for _ in range(ops):
         name, op = rng.choice(NAMES), rng.choice(["add", "add", "delete", "load", "load", "restart"])
         try:

@@ -16,6 +16,7 @@ from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.narration import Narration, Pauses, wait_until_serving
 from omni_tts.orchestrator.segmenter import segment_text
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, StageDeadError
+from waiting import RESTART_TIMEOUT, eventually_async
 
 # segment 0 ("Hi.", 2 text tokens) has a budget of 192 frames; each later one (~60 text tokens) 12 per token: while
 # the reader takes segment 0 whole, segment 1 is still being made, whatever the machine's speed (same steps)
@@ -47,8 +48,7 @@ async def _fails_twice() -> None:
                            ready=lambda: wait_until_serving(engine)).chunks()
         await anext(chunks)
         os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
-        while "cut-s0-r1" not in engine.requests:   # the retry, in the new pipeline
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: "cut-s0-r1" in engine.requests, RESTART_TIMEOUT, "the retry, in the new pipeline")
         os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
         with pytest.raises(StageDeadError):
             async for _ in chunks:

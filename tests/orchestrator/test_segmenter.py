@@ -262,8 +262,9 @@ def test_any_text_holds_the_invariants(text, max_chars, first_max_chars):
 
 @pytest.mark.parametrize("shape", ["prose", "one sentence of clauses", "one clause of words", "no whitespace",
                                    "fits"])
-def test_200000_characters_take_well_under_a_second(shape):
-    """Loose bound: quadratic work on 200,000 characters takes minutes."""
+def test_200000_characters_in_linear_time(shape):
+    """A deadline, not a benchmark: linear work on 200,000 characters takes well under a second of CPU, quadratic
+    work minutes. CPU time, so that a busy neighbour does not count."""
     rng = random.Random(0)
     text, fits = {
         "prose": (generated(rng, 1000)[0], None),
@@ -274,8 +275,8 @@ def test_200000_characters_take_well_under_a_second(shape):
     }[shape]
     text = text[:200_000]
     assert len(text) == 200_000
-    started = time.perf_counter()
+    started = time.process_time()
     segments = segment_text(text, fits=fits)
-    elapsed = time.perf_counter() - started
+    cpu_seconds = time.process_time() - started
     check(text, segments, 300, fits=fits)
-    assert elapsed < 2.0
+    assert cpu_seconds < 20

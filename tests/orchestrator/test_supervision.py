@@ -23,11 +23,9 @@ from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDea
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from server_util import ServerProcess, stage_pids
+from waiting import RESTART_TIMEOUT, eventually, eventually_async
 
 CASE = next(c for c in GOLDEN_CASES if c["variant"] == "tiny-custom-voice")
-# a restart reloads both stages: seconds on an idle machine, a minute beside a busy neighbour
-RECOVERY_SECONDS = 120
-
 
 GREEDY = SamplingParams(temperature=0, repetition_penalty=1.0, max_new_tokens=400)
 # a text whose end never comes: the talker speaks what it has, then parks the row until more text arrives, so the
@@ -93,10 +91,10 @@ def segments(owner_pid: int) -> list[str]:
 
 async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineConfig = "cpu_tiny",
                              **engine_kwargs) -> None:
-    """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails within
-    2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
-    recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
-    golden audio; at shutdown nothing is left."""
+    """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails
+    with an error that names the failed stage and `reason` (held with no deadline of their own, only the supervisor
+    can have ended them), requests during recovery are refused, the pipeline is healthy again and a greedy request
+    equals its golden audio; at shutdown nothing is left."""
     if isinstance(pipeline, str):
         pipeline = load_stage_config(pipeline)
     engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, **engine_kwargs)
@@ -104,21 +102,16 @@ async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineCo
     old_pids = engine.stage_pids()
     try:
         tasks = [h.task for h in await hold(engine, 4)]
-        faulted_at = time.monotonic()
         expected_stage = fault(engine)
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=15)
-        failed_after = time.monotonic() - faulted_at
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
         assert all(isinstance(r, StageDeadError) for r in results), results
         assert all(str(r).startswith(f"stage {expected_stage} failed: {reason}") for r in results), results
-        assert failed_after < 2.0 + engine_kwargs.get("heartbeat_timeout", 0), failed_after
         assert engine.restarts[expected_stage] >= 1 or engine.down == expected_stage
         if not engine.is_healthy:
             with pytest.raises(StageDeadError, match="restarting"):
                 await collect(engine, long_requests(1)[0])
-        deadline = time.monotonic() + RECOVERY_SECONDS
-        while not engine.is_healthy and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert engine.is_healthy, (engine.down, engine.down_reason, engine.fatal)
+        await eventually_async(lambda: engine.is_healthy, RESTART_TIMEOUT,
+                               lambda: f"healthy again: {engine.down, engine.down_reason, engine.fatal}")
         assert engine.restarts[expected_stage] == 1
         assert not any(alive(pid) for pid in old_pids.values())  # the failed pipeline's processes are gone
         request = case_requests(CASE)[0]
@@ -200,10 +193,11 @@ def test_codes_out_of_range_fail_one_request_not_the_stage():
             others = await hold(engine, 2)
             await asyncio.wait_for(victim.started.wait(), 60)
             victim_task = victim.task
-            # the talker is held still so that no slot is being written: every slot it owns is free on its side
+            # the ring hands its slots out in order and three short requests used a few: its last one, which the
+            # forged chunk takes, is free on both sides; the talker is held still so that it stays so
+            assert (await engine.stats())["code2wav"].connector_chunks < engine.connector_spec.num_slots // 2
             os.kill(pids["talker"], signal.SIGSTOP)
             try:
-                await asyncio.sleep(0.2)  # code2wav releases what it has
                 forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
                 with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk \d+ \(generated\): "
                                    r"codes in \[4096, 4096\]"):
@@ -258,15 +252,11 @@ def test_restarts_beyond_the_limit_make_the_engine_give_up():
         await engine.start()
         try:
             for _ in range(2):
-                while not engine.is_healthy and not fatal:
-                    await asyncio.sleep(0.1)
+                await eventually_async(lambda: engine.is_healthy or fatal, RESTART_TIMEOUT, "healthy (or given up)")
                 os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
-                while engine.down is None and not fatal:  # until the engine has seen this failure
-                    await asyncio.sleep(0.05)
-            deadline = time.monotonic() + RECOVERY_SECONDS
-            while not fatal and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            assert fatal and "restarts" in fatal[0] and engine.fatal == fatal[0]
+                await eventually_async(lambda: engine.down is not None or fatal, what="the engine seeing the failure")
+            await eventually_async(lambda: fatal, RESTART_TIMEOUT, "the engine giving up")
+            assert "restarts" in fatal[0] and engine.fatal == fatal[0]
             assert not engine.is_healthy
             with pytest.raises(StageDeadError, match="for good"):
                 await collect(engine, long_requests(1)[0])
@@ -284,9 +274,7 @@ def test_slow_consumer_is_failed_instead_of_buffered():
             stream = engine.generate(request, request_id="slow")
             await anext(stream)
             # the client stops reading; the stages keep producing until the engine fails the request
-            deadline = time.monotonic() + 60
-            while "slow" in engine.requests and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await eventually_async(lambda: "slow" not in engine.requests, what="the slow request failed")
             with pytest.raises(RequestFailed, match="too slowly"):
                 async for _ in stream:
                     pass
@@ -297,13 +285,9 @@ def test_slow_consumer_is_failed_instead_of_buffered():
 
 
 async def wait_until_no_stage_holds_requests(engine: AsyncTTS) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = await engine.stats()
-        if not any(s.request_ids for s in stats.values()):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError({name: s.request_ids for name, s in stats.items()})
+    async def none_held() -> bool:
+        return not any(s.request_ids for s in (await engine.stats()).values())
+    await eventually_async(none_held, what="no stage holding a request")
 
 
 def test_request_deadlines_end_and_abort_the_request():
@@ -340,11 +324,8 @@ def test_killed_server_process_takes_its_stages_and_shared_memory_along():
     assert len(pids) == 2 and segments(server.proc.pid)
     server.proc.kill()
     server.proc.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (any(alive(p) for p in pids) or segments(server.proc.pid)):
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids)
-    assert segments(server.proc.pid) == []
+    eventually(lambda: not any(alive(p) for p in pids), what="the stages gone")
+    eventually(lambda: segments(server.proc.pid) == [], what="the shared memory gone")
 
 
 def _health(port: int) -> tuple[int, dict]:
@@ -379,19 +360,17 @@ def test_stage_killed_mid_stream_cuts_the_body_then_the_server_heals():
         whole.request("POST", "/v1/audio/speech", json.dumps(dict(json.loads(body), stream=False)),
                       {"Content-Type": "application/json"})  # admitted and waiting, or refused once it is down
         os.kill(stage, signal.SIGKILL)
-        killed_at = time.monotonic()
-        with pytest.raises(http.client.IncompleteRead) as cut:  # not a second response inside the body
+        # cut by the server (its socket's timeout would be a TimeoutError), not a second response inside the body
+        with pytest.raises(http.client.IncompleteRead) as cut:
             response.read()
-        assert b"HTTP/1.1" not in cut.value.partial and time.monotonic() - killed_at < 2.0
+        assert b"HTTP/1.1" not in cut.value.partial
         failed = whole.getresponse()
         assert failed.status == 503 and failed.getheader("Retry-After") == "1"
         assert json.loads(failed.read())["error"]["code"] == "service_unavailable"
         status, health = _health(server.port)
         if status == 503:
             assert health["status"] == "unhealthy" and health["stage"] in ("talker", "code2wav")
-        deadline = time.monotonic() + RECOVERY_SECONDS
-        while _health(server.port)[0] != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        eventually(lambda: _health(server.port)[0] == 200, RESTART_TIMEOUT, "healthy again")
         assert _health(server.port) == (200, {"status": "healthy"})
         metrics = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         metrics.request("GET", "/metrics")

@@ -14,16 +14,24 @@ from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestTimedOut, StageDeadError
-from test_supervision import RECOVERY_SECONDS, wait_until_no_stage_holds_requests
+from test_supervision import wait_until_no_stage_holds_requests
+from waiting import RESTART_TIMEOUT, eventually_async
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz at 12.5 frames per second
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
+# greedy, this text's row speaks it and then waits for more (it does not end on its own)
+RUNS_OUT_OF_TEXT = "Hello there, this row runs out of text "
 
 
 def request(text: str = "", **kwargs) -> SynthesisRequest:
     kwargs = kwargs or {"voice": "vivian"}
     return SynthesisRequest(text=text, non_streaming_mode=False,
                             sampling=SamplingParams(temperature=0, max_new_tokens=60), **kwargs)
+
+
+async def parked(engine: AsyncTTS) -> bool:
+    """One talker row has spoken its text so far and waits for more."""
+    return (await engine.stats())["talker"].rows_waiting_for_text == 1
 
 
 async def whole(engine: AsyncTTS, text: str, **kwargs) -> np.ndarray:
@@ -64,8 +72,11 @@ def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_sta
                 np.testing.assert_allclose(audio, expected, atol=1e-5, rtol=0)
                 assert usage.input_tokens == len(engine.prompts.tokenize(request(TEXT)).text_ids)
 
-            with pytest.raises(RequestTimedOut, match="no text for 0.3 s"):
-                await streamed(engine, ["Hello there, ", "and then"], [0, 1.0], idle_timeout=0.3)
+            with pytest.raises(RequestTimedOut, match="no text for 0.3 s"):  # its text stops coming
+                async with await engine.open_text_stream(request(), idle_timeout=0.3) as stream:
+                    await stream.append("Hello there, ")
+                    async for _ in stream:
+                        pass
             with pytest.raises(RequestError, match="input is"):
                 await streamed(engine, ["word " * 600], [0])           # over max_text_tokens (512)
             with pytest.raises(RequestError, match="input text is empty"):
@@ -73,8 +84,8 @@ def test_pieces_with_pauses_give_the_whole_texts_audio_and_failures_free_the_sta
             with pytest.raises(RequestError, match="non_streaming_mode"):
                 await engine.open_text_stream(SynthesisRequest(text="", voice="vivian", non_streaming_mode=True))
             stream = await engine.open_text_stream(request())
-            await stream.append("Abandoned before its end, this one")
-            await asyncio.sleep(0.5)
+            await stream.append(RUNS_OUT_OF_TEXT)
+            await eventually_async(lambda: parked(engine), what="its row waiting for more text")  # abandoned in flight
             await stream.aclose()
             await wait_until_no_stage_holds_requests(engine)
             assert engine.requests == {}
@@ -102,7 +113,7 @@ def test_frames_made_before_the_text_runs_out_are_sent_at_once():
 
                 async def first_words_out():
                     return sum(a.size for a in received) >= frames_for_first * SAMPLES_PER_FRAME
-                await wait_for(first_words_out, "the audio of the text so far, before more text", seconds=60)
+                await eventually_async(first_words_out, what="the audio of the text so far, before more text")
                 await stream.append(rest)
                 await stream.finish()
                 await consumer
@@ -112,34 +123,19 @@ def test_frames_made_before_the_text_runs_out_are_sent_at_once():
     asyncio.run(main())
 
 
-async def wait_for(condition, what: str, seconds: float = 60.0) -> None:
-    """condition: an async function returning whether what the test waits for is there."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(what)
-        await asyncio.sleep(0.05)
-
-
 def test_the_waits_show_in_the_stats_and_a_failed_stage_fails_the_stream():
     async def main():
         async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            async def parked():
-                return (await engine.stats())["talker"].rows_waiting_for_text == 1
-
-            async def healthy():
-                return engine.is_healthy
-
             stream = await engine.open_text_stream(request())
-            await stream.append("Hello there, this row runs out of text ")
-            await wait_for(parked, "a row parked until more text comes")
+            await stream.append(RUNS_OUT_OF_TEXT)
+            await eventually_async(lambda: parked(engine), what="a row parked until more text comes")
             os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
             with pytest.raises(StageDeadError):
                 async for _ in stream:
                     pass
             await stream.append("and this goes nowhere")  # the request is gone: nothing to send it to
             await stream.aclose()
-            await wait_for(healthy, "the pipeline restarted", RECOVERY_SECONDS)  # a restart loads the model again
+            await eventually_async(lambda: engine.is_healthy, RESTART_TIMEOUT, "the pipeline restarted")
             await wait_until_no_stage_holds_requests(engine)
     asyncio.run(main())
 
@@ -156,7 +152,7 @@ def test_an_icl_prefill_waits_for_as_many_text_tokens_as_the_reference_has_frame
             expected = await whole(engine, text, **ref)
             async with await engine.open_text_stream(request(**ref)) as stream:
                 await stream.append(text[:40])  # ~10 tokens: the reference has 43 frames
-                await wait_for(waiting_prompt, "a prompt waiting for text")
+                await eventually_async(waiting_prompt, what="a prompt waiting for text")
                 await stream.append(text[40:])
                 await stream.finish()
                 audio = np.concatenate([c.audio async for c in stream])
