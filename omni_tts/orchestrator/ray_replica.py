@@ -39,7 +39,6 @@ class EngineReplica:
         self.engine = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
                                cpus=cpus, **engine_options)
         await self.engine.start()
-        self._stats_lock = asyncio.Lock()  # the engine keeps one pending stats answer per stage
 
     async def __del__(self) -> None:  # Serve awaits it when it stops the replica
         await self.engine.shutdown()
@@ -80,12 +79,11 @@ class EngineReplica:
     async def stats(self) -> tuple[str, dict[str, StageStats], dict[str, int]]:
         """This replica's id, its stages' figures ({} while they cannot answer) and its pipeline restarts."""
         stats: dict[str, StageStats] = {}
-        async with self._stats_lock:
-            if self.engine.is_healthy:
-                try:
-                    stats = await self.engine.stats(timeout=2.0)
-                except (StageDeadError, TimeoutError):
-                    pass
+        if self.engine.is_healthy:
+            try:
+                stats = await self.engine.stats(timeout=2.0)
+            except (StageDeadError, TimeoutError):
+                pass
         return self.replica_id, stats, dict(self.engine.restarts)
 
     async def _items(self, chunks: AsyncIterator[SpeechChunk]) -> AsyncIterator[Item]:

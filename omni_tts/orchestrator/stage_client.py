@@ -49,7 +49,8 @@ class StageClient:
                                           **supervisor_options)
         self.requests: dict[str, RequestState] = {}
         self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
-        self._stats: dict[str, asyncio.Future] = {}
+        self._stats: dict[str, asyncio.Future] = {}     # stage → its StageStats, for the round trip in flight
+        self._stats_round: asyncio.Future | None = None   # that round trip, which concurrent stats() calls share
         self._embeddings: dict[str, asyncio.Future] = {}   # EmbedVoice id → its answer
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
@@ -153,7 +154,7 @@ class StageClient:
             self._cancel_deadlines(state)
             state.queue.put_nowait(error)
         self.requests.clear()
-        for waiter in self._embeddings.values():
+        for waiter in (*self._embeddings.values(), *self._stats.values()):
             if not waiter.done():
                 waiter.set_exception(error)
 
@@ -172,15 +173,23 @@ class StageClient:
             del self._embeddings[command.request_id]
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
-        """Ask both stages for their live request ids, step counts and CPU time."""
+        """Ask both stages for their live request ids, step counts and CPU time. A stage answers GetStats by its
+        name, not by the asker: concurrent callers share the round trip in flight (each waits up to its timeout)."""
         self.supervisor.check_alive()
+        if self._stats_round is None or self._stats_round.done():
+            self._stats_round = asyncio.ensure_future(self._ask_stats(timeout))
+        return await asyncio.wait_for(asyncio.shield(self._stats_round), timeout)
+
+    async def _ask_stats(self, timeout: float) -> dict[str, StageStats]:
         loop, epoch = asyncio.get_running_loop(), self.supervisor.epoch
-        for stage in self.supervisor.stages:
-            self._stats[stage] = loop.create_future()
-            await self.supervisor.send(stage, self._encoder.encode(GetStats()), epoch)
-        names = list(self._stats)
-        results = await asyncio.wait_for(asyncio.gather(*self._stats.values()), timeout)
-        return dict(zip(names, results))
+        self._stats = {stage: loop.create_future() for stage in self.supervisor.stages}
+        try:
+            for stage in self._stats:
+                await self.supervisor.send(stage, self._encoder.encode(GetStats()), epoch)
+            results = await asyncio.wait_for(asyncio.gather(*self._stats.values()), timeout)
+            return dict(zip(self._stats, results))
+        finally:
+            self._stats = {}
 
     @staticmethod
     def _cancel_deadlines(state: RequestState) -> None:

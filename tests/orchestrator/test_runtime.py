@@ -102,6 +102,9 @@ def test_24_concurrent_requests_each_get_their_own_audio():
             assert 0 < latencies.sum / ring.connector_chunks < 5 and latencies.counts[-1] == 0  # all within 1 s
             for stage in stats.values():  # every engine step timed once
                 assert sum(stage.step_durations.counts) == stage.num_steps > 0
+            # callers at once (/metrics and /health): each gets both stages' answers (a stage answers by its name)
+            for answer in await asyncio.gather(*(engine.stats(timeout=30) for _ in range(3))):
+                assert set(answer) == {"talker", "code2wav"}
     run(main())
 
 
