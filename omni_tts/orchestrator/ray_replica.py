@@ -19,6 +19,7 @@ from ray import serve
 from ray.actor import ActorHandle
 
 from omni_tts.config import PipelineConfig, set_torch_threads
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
@@ -31,13 +32,14 @@ Item = SpeechChunk | EngineError | None
 
 
 class EngineReplica:
-    async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int, engine_options: dict) -> None:
+    async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int,
+                       supervision: SupervisionSettings) -> None:
         """model: `--model` as given (each node resolves it: a repo id downloads into that node's cache); cpus:
         the replica's share of cores, which its CPU stages' threads split (not every core of the node)."""
         set_torch_threads(1)  # this process only routes messages; the cores belong to the stages
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
-                               cpus=cpus, **engine_options)
+                               cpus=cpus, supervision=supervision)
         await self.engine.start()
 
     async def __del__(self) -> None:  # Serve awaits it when it stops the replica

@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from omni_tts.config import PipelineConfig
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.stages.protocol import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
                                       Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
@@ -41,12 +42,12 @@ class RequestState:
 
 class StageClient:
     def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
-                 max_buffered_seconds: float = 60.0, **supervisor_options: object) -> None:
-        """supervisor_options: StageSupervisor's (timeouts, restart limits, cpus)."""
+                 supervision: SupervisionSettings, max_buffered_seconds: float, cpus: int | None) -> None:
+        """supervision, cpus: StageSupervisor's."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         self.num_code_groups = num_code_groups
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
-                                          **supervisor_options)
+                                          supervision, cpus)
         self.requests: dict[str, RequestState] = {}
         self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
         self._stats: dict[str, asyncio.Future] = {}     # stage → its StageStats, for the round trip in flight

@@ -71,7 +71,8 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
         async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             for initial in (1, 2, 25):
-                results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
+                results = await asyncio.gather(*(collect(engine, r, initial_codec_chunk_frames=initial)
+                                                 for r in requests))
                 for (audio, usage, chunks), expected in zip(results, offline):
                     assert audio.shape == expected.audio.shape
                     np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
@@ -152,7 +153,7 @@ def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
             with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
-                await collect(engine, many_requests(1)[0], initial_chunk_frames=0)
+                await collect(engine, many_requests(1)[0], initial_codec_chunk_frames=0)
             audio, usage, _ = await collect(engine, many_requests(1)[0])
             assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
             before = await engine.stats()

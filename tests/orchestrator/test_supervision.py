@@ -17,6 +17,7 @@ import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
 from omni_tts.config import PipelineConfig, load_stage_config
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
@@ -92,14 +93,14 @@ def segments(owner_pid: int) -> list[str]:
 
 
 async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineConfig = "cpu_tiny",
-                             **engine_kwargs) -> None:
+                             **supervision) -> None:
     """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails within
     2 s (+ the heartbeat timeout for a hang) with an error that names the failed stage and `reason`, requests during
     recovery are refused, the pipeline is healthy again within RECOVERY_SECONDS and a greedy request equals its
     golden audio; at shutdown nothing is left."""
     if isinstance(pipeline, str):
         pipeline = load_stage_config(pipeline)
-    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, **engine_kwargs)
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, SupervisionSettings(**supervision))
     await engine.start()
     old_pids = engine.stage_pids()
     try:
@@ -110,7 +111,7 @@ async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineCo
         failed_after = time.monotonic() - faulted_at
         assert all(isinstance(r, StageDeadError) for r in results), results
         assert all(str(r).startswith(f"stage {expected_stage} failed: {reason}") for r in results), results
-        assert failed_after < 2.0 + engine_kwargs.get("heartbeat_timeout", 0), failed_after
+        assert failed_after < 2.0 + supervision.get("heartbeat_timeout", 0), failed_after
         assert engine.restarts[expected_stage] >= 1 or engine.down == expected_stage
         if not engine.is_healthy:
             with pytest.raises(StageDeadError, match="restarting"):
@@ -252,7 +253,8 @@ def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
     async def main():
-        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                          SupervisionSettings(max_restarts=1))
         fatal = []
         engine.on_fatal = fatal.append
         await engine.start()
