@@ -34,8 +34,9 @@ STAGE_CONFIG_DIR = Path(__file__).resolve().parents[1] / "stage_configs"  # pack
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="'cpu', 'cuda' or 'cuda:N'")]
 DType = Literal["float32", "bfloat16", "float16"]  # names of torch dtypes: getattr(torch, dtype)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-# the first codec chunk's frames, as a stage YAML defaults it and a request may set it (and it must fit a ring slot)
-InitialChunkFrames = Annotated[int, msgspec.Meta(ge=1, le=64)]
+# the first codec chunk's frames, as a stage YAML defaults it and a request may set it; it must also fit a ring slot
+# (ConnectorConfig.check_chunk_frames, which knows the slot's size)
+InitialChunkFrames = PositiveInt
 
 
 class StageConfigError(ValueError):
@@ -122,9 +123,7 @@ class ConnectorConfig(_Config):
 
     def __post_init__(self) -> None:
         for name in ("initial_codec_chunk_frames", "codec_chunk_frames"):
-            if getattr(self, name) > self.ring_slot_frames:
-                raise ValueError(f"{name}: must be <= ring_slot_frames ({self.ring_slot_frames}) so a chunk fits "
-                                 f"in one ring slot, got {getattr(self, name)}")
+            self.check_chunk_frames(name, getattr(self, name))
         if self.kind != "tcp":
             for name in ("tcp_host", "tcp_port"):
                 if getattr(self, name) is not None:
@@ -138,6 +137,16 @@ class ConnectorConfig(_Config):
             ipaddress.ip_address(self.tcp_host)
         except ValueError:  # zmq binds an address, not a name
             raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
+
+
+    def check_chunk_frames(self, name: str, frames: int) -> None:
+        """ValueError `name: …` unless chunks of `frames` (a stage config's, or a request's first chunk) can be made
+        and each fits in one ring slot."""
+        if frames < 1:
+            raise ValueError(f"{name}: must be >= 1, got {frames}")
+        if frames > self.ring_slot_frames:
+            raise ValueError(f"{name}: must be <= ring_slot_frames ({self.ring_slot_frames}) so a chunk fits in one "
+                             f"ring slot, got {frames}")
 
 
 class AlignerStageConfig(_Config):

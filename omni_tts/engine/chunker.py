@@ -10,8 +10,8 @@ import numpy as np
 
 
 class FrameChunker:
-    def __init__(self, initial_chunk_frames: int, chunk_frames: int) -> None:
-        self.initial_chunk_frames, self.chunk_frames = initial_chunk_frames, chunk_frames
+    def __init__(self, initial_codec_chunk_frames: int, codec_chunk_frames: int) -> None:
+        self.initial_codec_chunk_frames, self.codec_chunk_frames = initial_codec_chunk_frames, codec_chunk_frames
         self.frames: list[np.ndarray] = []
         self.num_chunks = 0
 
@@ -20,8 +20,8 @@ class FrameChunker:
         At the end the remainder is returned, possibly with F = 0 (a bare end marker)."""
         if frame is not None:
             self.frames.append(frame)
-        target = (self.initial_chunk_frames if self.num_chunks == 0
-                  else min(self.chunk_frames, self.initial_chunk_frames << self.num_chunks))
+        target = (self.initial_codec_chunk_frames if self.num_chunks == 0
+                  else min(self.codec_chunk_frames, self.initial_codec_chunk_frames << self.num_chunks))
         if not finished and len(self.frames) < target:
             return None
         chunk = np.stack(self.frames).astype(np.int32) if self.frames else np.zeros((0, 16), np.int32)

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.config.stage_config import AlignerStageConfig
 from omni_tts.stages import aligner_stage
 from omni_tts.stages.messages import (
@@ -38,7 +39,6 @@ from .processes import exit_description, stop_process
 
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 300.0
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 WordTimes = list[tuple[str, int, int]]   # (word, start_ms, end_ms), in text order
@@ -49,10 +49,10 @@ class AlignerUnavailable(Exception):
 
 
 class AlignerClient:
-    def __init__(self, model_dir: str, config: AlignerStageConfig) -> None:
+    def __init__(self, model_dir: str, config: AlignerStageConfig, supervision: SupervisionSettings) -> None:
         """Sockets and processes come at start(); `launch` (the addresses) is there at once, for a pipeline that
         hosts the aligner and starts before it."""
-        self.model_dir, self.config = model_dir, config
+        self.model_dir, self.config, self.supervision = model_dir, config, supervision
         self._ctx: zmq.asyncio.Context | None = None
         self._events: zmq.asyncio.Socket | None = None
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_aligner_")
@@ -95,7 +95,7 @@ class AlignerClient:
             await self._spawn()
             return
         self._connect()
-        await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.shield(self._ready), self.supervision.startup_timeout)
 
     async def align(self, request_id: str, span: int, audio: np.ndarray, sample_rate: int, text: str,
                     language: str | None) -> WordTimes:
@@ -152,7 +152,7 @@ class AlignerClient:
             self._ready = asyncio.get_running_loop().create_future()
         self._process = process
         asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, process)
-        await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.shield(self._ready), self.supervision.startup_timeout)
         self.down_reason, self._failures, self._started = None, 0, True
         logger.info("forced aligner ready (pid %d, %s)", process.pid, self.config.device)
 

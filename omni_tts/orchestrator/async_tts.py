@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from omni_tts.config import PipelineConfig
+from omni_tts.config.settings import ApiSettings, SupervisionSettings
 from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
@@ -34,20 +35,16 @@ from .types import SpeechChunk
 
 
 class AsyncTTS:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig, startup_timeout: float = 300.0,
-                 heartbeat_timeout: float = 5.0, step_timeout: float = 120.0, max_restarts: int = 5,
-                 restart_window: float = 600.0, max_buffered_seconds: float = 60.0, cpus: int | None = None) -> None:
-        """heartbeat_timeout: seconds without a heartbeat before a ready stage counts as hung (stopped, or its
-        process starved); step_timeout: seconds one loop iteration may take (a deadlocked step). Restarts beyond
-        max_restarts within restart_window make the engine give up. max_buffered_seconds: audio a consumer may
-        leave unread before its request fails. cpus: the cores the CPU stages' threads share (default: those this
-        process may run on)."""
+    def __init__(self, model_dir: str, pipeline: PipelineConfig,
+                 supervision: SupervisionSettings = SupervisionSettings(), max_buffered_seconds: float = 60.0,
+                 cpus: int | None = None) -> None:
+        """supervision: how the stages are watched and restarted, and when the engine gives up.
+        max_buffered_seconds: audio a consumer may leave unread before its request fails. cpus: the cores the CPU
+        stages' threads share (default: those this process may run on)."""
         self.model_dir, self.pipeline = model_dir, pipeline
         self.processor = InputProcessor(model_dir, pipeline)
-        self.client = StageClient(model_dir, pipeline, self.config.talker.num_code_groups, max_buffered_seconds,
-                                  startup_timeout=startup_timeout, heartbeat_timeout=heartbeat_timeout,
-                                  step_timeout=step_timeout, max_restarts=max_restarts,
-                                  restart_window=restart_window, cpus=cpus)
+        self.client = StageClient(model_dir, pipeline, self.config.talker.num_code_groups, supervision,
+                                  max_buffered_seconds, cpus)
         self.supervisor = self.client.supervisor
         self.threads, self.batch_sizes = self.supervisor.threads, self.supervisor.batch_sizes
 
@@ -131,19 +128,19 @@ class AsyncTTS:
 
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                       initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                       initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                        first_audio_timeout: float | None = None, timeout: float | None = None,
                        return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
-        initial_chunk_frames overrides the connector's first-chunk size for this request. voice_version names the
+        initial_codec_chunk_frames overrides the connector's first-chunk size for this request. voice_version names the
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
         features under it, so the same version must never stand for other audio. return_codes: the last chunk
         carries the generated codes (`SpeechChunk.codes`), e.g. to clone this voice by ICL in a later request
         (`SynthesisRequest.ref_codes`, with this request's text as ref_text)."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=False,
+        add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=False,
                                   return_codes=return_codes)
         state = self.client.add(add.request_id, len(add.prompt.text_ids))
         chunks = self.client.outputs(state)
@@ -162,16 +159,16 @@ class AsyncTTS:
             await self.client.release(state)
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                               initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
-                               idle_timeout: float = 30.0) -> "TextStream":
+                               idle_timeout: float = ApiSettings.stream_idle_timeout) -> "TextStream":
         """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
         `finish` it, and iterate the stream for the audio, as from `generate`, which it equals for the whole text
         in the streaming layout (non_streaming_mode None or False). The arguments are `generate`'s;
         first_audio_timeout counts from `finish`, and the request fails with RequestTimedOut when no text arrives
         for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_chunk_frames, voice_version, text_open=True)
+        add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=True)
         state = self.client.add(add.request_id, 0)
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
@@ -196,12 +193,14 @@ class AsyncTTS:
         """Free the request in every stage (each drops it within one step)."""
         await self.client.abort(request_id)
 
-    async def _prepare(self, request: SynthesisRequest, request_id: str | None, initial_chunk_frames: int | None,
-                       voice_version: str | None, text_open: bool, return_codes: bool = False) -> AddRequest:
+    async def _prepare(self, request: SynthesisRequest, request_id: str | None,
+                       initial_codec_chunk_frames: int | None, voice_version: str | None, text_open: bool,
+                       return_codes: bool = False) -> AddRequest:
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
-        add = await self.processor.process(rid, request, text_open, initial_chunk_frames, voice_version, return_codes)
+        add = await self.processor.process(rid, request, text_open, initial_codec_chunk_frames, voice_version,
+                                           return_codes)
         self.supervisor.check_alive()
         self._check_new(rid)
         return add

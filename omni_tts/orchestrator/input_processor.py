@@ -36,15 +36,16 @@ class InputProcessor:
         self.audio_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-audio")
 
     async def process(self, request_id: str, request: SynthesisRequest, text_open: bool,
-                      initial_chunk_frames: int | None, voice_version: str | None,
+                      initial_codec_chunk_frames: int | None, voice_version: str | None,
                       return_codes: bool = False) -> AddRequest:
         """The request for the talker; RequestError for bad input. text_open: its text arrives later, in pieces
         (the prompt has no text ids yet; see AsyncTTS.open_text_stream). return_codes: its TalkerDone carries the
         generated codes."""
-        limit = self.pipeline.connector.ring_slot_frames
-        if initial_chunk_frames is not None and not 1 <= initial_chunk_frames <= limit:
-            raise RequestError("initial_codec_chunk_frames", f"initial_codec_chunk_frames must be in 1..{limit}, "
-                                                             f"got {initial_chunk_frames}")
+        if initial_codec_chunk_frames is not None:
+            try:
+                self.pipeline.connector.check_chunk_frames("initial_codec_chunk_frames", initial_codec_chunk_frames)
+            except ValueError as e:
+                raise RequestError("initial_codec_chunk_frames", str(e)) from None
         prompt = await self.tokenize(self.prompts.tokenize, request, text_open)
         sampling = self.resolve_sampling(request.sampling)
         ref_audio = embedding = ref_codes = None
@@ -56,7 +57,7 @@ class InputProcessor:
             ref_audio = await self._reference_audio(request.ref_audio)
         return AddRequest(request_id, prompt, sampling, token_limit(sampling.max_new_tokens, len(prompt.text_ids)),
                           ref_audio=ref_audio, speaker_embedding=embedding, ref_codes=ref_codes,
-                          initial_chunk_frames=initial_chunk_frames,
+                          initial_codec_chunk_frames=initial_codec_chunk_frames,
                           voice_version=voice_version if ref_audio is not None else None, text_open=text_open,
                           return_codes=return_codes)
 

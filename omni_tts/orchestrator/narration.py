@@ -32,13 +32,14 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from omni_tts.config.settings import NarrationSettings
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
 from .tts_client import TTSClient
-from .segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS, Segment, segment_text
+from .segmenter import Segment, segment_text
 from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
@@ -51,8 +52,8 @@ Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, r
 @dataclass(frozen=True)
 class Pauses:
     """Silence after a segment, by what ends it (a clause cut adds none: the sentence goes on)."""
-    sentence_s: float = SENTENCE_PAUSE_MS / 1000
-    paragraph_s: float = PARAGRAPH_PAUSE_MS / 1000
+    sentence_s: float = NarrationSettings.sentence_pause_ms / 1000
+    paragraph_s: float = NarrationSettings.paragraph_pause_ms / 1000
 
     def after(self, segment: Segment) -> float:
         return {"sentence": self.sentence_s, "paragraph": self.paragraph_s}.get(segment.boundary, 0.0)
@@ -196,7 +197,8 @@ class Narration:
     "retried" and "delivered" (whole)."""
 
     def __init__(self, generate: Generate, template: SynthesisRequest, segments: list[Segment], request_id: str,
-                 window: int = NARRATION_WINDOW, pauses: Pauses = Pauses(), start_segment: int = 0, design_once: bool = False,
+                 window: int = NarrationSettings.window, pauses: Pauses = Pauses(), start_segment: int = 0,
+                 design_once: bool = False,
                  retry: bool = True, ready: Callable[[], Awaitable[None]] | None = None,
                  on_event: Callable[[str], None] | None = None) -> None:
         if not 0 <= start_segment < len(segments):

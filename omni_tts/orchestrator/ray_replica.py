@@ -19,6 +19,7 @@ from ray import serve
 from ray.actor import ActorHandle
 
 from omni_tts.config import PipelineConfig, set_torch_threads
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import default_model_dir
 from omni_tts.models.qwen3_tts.weights import resolve_model_dir
@@ -31,15 +32,15 @@ Item = SpeechChunk | EngineError | None
 
 
 class EngineReplica:
-    async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int, engine_options: dict) -> None:
+    async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int,
+                       supervision: SupervisionSettings) -> None:
         """model: `--model` as given (each node resolves it: a repo id downloads into that node's cache); cpus:
         the replica's share of cores, which its CPU stages' threads split (not every core of the node)."""
         set_torch_threads(1)  # this process only routes messages; the cores belong to the stages
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
-                               cpus=cpus, **engine_options)
+                               cpus=cpus, supervision=supervision)
         await self.engine.start()
-        self._stats_lock = asyncio.Lock()  # the engine keeps one pending stats answer per stage
 
     async def __del__(self) -> None:  # Serve awaits it when it stops the replica
         await self.engine.shutdown()
@@ -80,12 +81,11 @@ class EngineReplica:
     async def stats(self) -> tuple[str, dict[str, StageStats], dict[str, int]]:
         """This replica's id, its stages' figures ({} while they cannot answer) and its pipeline restarts."""
         stats: dict[str, StageStats] = {}
-        async with self._stats_lock:
-            if self.engine.is_healthy:
-                try:
-                    stats = await self.engine.stats(timeout=2.0)
-                except (StageDeadError, TimeoutError):
-                    pass
+        if self.engine.is_healthy:
+            try:
+                stats = await self.engine.stats(timeout=2.0)
+            except (StageDeadError, TimeoutError):
+                pass
         return self.replica_id, stats, dict(self.engine.restarts)
 
     async def _items(self, chunks: AsyncIterator[SpeechChunk]) -> AsyncIterator[Item]:

@@ -24,6 +24,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from omni_tts.config import PipelineConfig
+from omni_tts.config.settings import ApiSettings
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import AudioInput, SynthesisRequest
 from omni_tts.stages.messages import StageStats
@@ -124,20 +125,21 @@ class RayTTS:
                 f" ({', '.join(f'{n} {state.lower()}' for state, n in states.items())})" if states else "")
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                 initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None, timeout: float | None = None,
                  return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
-        options = dict(request_id=request_id, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
-                       first_audio_timeout=first_audio_timeout, timeout=timeout, return_codes=return_codes)
+        options = dict(request_id=request_id, initial_codec_chunk_frames=initial_codec_chunk_frames,
+                       voice_version=voice_version, first_audio_timeout=first_audio_timeout, timeout=timeout,
+                       return_codes=return_codes)
         return _chunks(lambda: self._handle.options(stream=True).generate.remote(request, options))
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                               initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
-                               idle_timeout: float = 30.0) -> "RayTextStream":
+                               idle_timeout: float = ApiSettings.stream_idle_timeout) -> "RayTextStream":
         session = request_id or uuid.uuid4().hex
-        options = dict(request_id=session, initial_chunk_frames=initial_chunk_frames, voice_version=voice_version,
-                       first_audio_timeout=first_audio_timeout, timeout=timeout,
+        options = dict(request_id=session, initial_codec_chunk_frames=initial_codec_chunk_frames,
+                       voice_version=voice_version, first_audio_timeout=first_audio_timeout, timeout=timeout,
                        idle_timeout=idle_timeout)
         await self._relay.open.remote(session)
         stream = RayTextStream(self._relay, session, _chunks(

@@ -18,14 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from omni_tts.config.settings import NarrationSettings
 from omni_tts.orchestrator.text_splitter import CLAUSE_MARKS, CLOSERS, SENTENCE_MARKS, unit_ends
 
 BOUNDARIES = ("paragraph", "sentence", "clause", "end")
-# a narration's defaults, stated once (torch-free: the request schema and the CLI read them): segment length, silence
-# after a sentence and after a paragraph, segments in flight
-SEGMENT_CHARS = 300
-SENTENCE_PAUSE_MS, PARAGRAPH_PAUSE_MS = 250, 750
-NARRATION_WINDOW = 3
 # a line this long that ends mid-sentence was wrapped by hand; verse lines and headings are shorter
 _WRAPPED_LINE_CHARS = 60
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x85\u2028\u2029]")
@@ -49,7 +45,7 @@ class _Piece(NamedTuple):
     boundary: str
 
 
-def segment_text(text: str, max_chars: int = SEGMENT_CHARS, first_max_chars: int | None = None,
+def segment_text(text: str, max_chars: int = NarrationSettings.segment_chars, first_max_chars: int | None = None,
                  fits: Callable[[str], bool] | None = None) -> list[Segment]:
     """`text` cut into segments of at most `max_chars` characters (the first: `first_max_chars`) for which `fits`
     holds; `fits` must hold for every prefix of a text it holds for (a token limit does)."""

@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from omni_tts.config import PipelineConfig
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
                                       Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
@@ -41,15 +42,16 @@ class RequestState:
 
 class StageClient:
     def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
-                 max_buffered_seconds: float = 60.0, **supervisor_options: object) -> None:
-        """supervisor_options: StageSupervisor's (timeouts, restart limits, cpus)."""
+                 supervision: SupervisionSettings, max_buffered_seconds: float, cpus: int | None) -> None:
+        """supervision, cpus: StageSupervisor's."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         self.num_code_groups = num_code_groups
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
-                                          **supervisor_options)
+                                          supervision, cpus)
         self.requests: dict[str, RequestState] = {}
         self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
-        self._stats: dict[str, asyncio.Future] = {}
+        self._stats: dict[str, asyncio.Future] = {}     # stage → its StageStats, for the round trip in flight
+        self._stats_round: asyncio.Future | None = None   # that round trip, which concurrent stats() calls share
         self._embeddings: dict[str, asyncio.Future] = {}   # EmbedVoice id → its answer
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
@@ -153,7 +155,7 @@ class StageClient:
             self._cancel_deadlines(state)
             state.queue.put_nowait(error)
         self.requests.clear()
-        for waiter in self._embeddings.values():
+        for waiter in (*self._embeddings.values(), *self._stats.values()):
             if not waiter.done():
                 waiter.set_exception(error)
 
@@ -173,15 +175,23 @@ class StageClient:
             del self._embeddings[command.request_id]
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
-        """Ask both stages for their live request ids, step counts and CPU time."""
+        """Ask both stages for their live request ids, step counts and CPU time. A stage answers GetStats by its
+        name, not by the asker: concurrent callers share the round trip in flight (each waits up to its timeout)."""
         self.supervisor.check_alive()
+        if self._stats_round is None or self._stats_round.done():
+            self._stats_round = asyncio.ensure_future(self._ask_stats(timeout))
+        return await asyncio.wait_for(asyncio.shield(self._stats_round), timeout)
+
+    async def _ask_stats(self, timeout: float) -> dict[str, StageStats]:
         loop, epoch = asyncio.get_running_loop(), self.supervisor.epoch
-        for stage in self.supervisor.stages:
-            self._stats[stage] = loop.create_future()
-            await self.supervisor.send(stage, self._encoder.encode(GetStats()), epoch)
-        names = list(self._stats)
-        results = await asyncio.wait_for(asyncio.gather(*self._stats.values()), timeout)
-        return dict(zip(names, results))
+        self._stats = {stage: loop.create_future() for stage in self.supervisor.stages}
+        try:
+            for stage in self._stats:
+                await self.supervisor.send(stage, self._encoder.encode(GetStats()), epoch)
+            results = await asyncio.wait_for(asyncio.gather(*self._stats.values()), timeout)
+            return dict(zip(self._stats, results))
+        finally:
+            self._stats = {}
 
     @staticmethod
     def _cancel_deadlines(state: RequestState) -> None:

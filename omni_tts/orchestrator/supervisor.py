@@ -28,6 +28,7 @@ import zmq
 import zmq.asyncio
 
 from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors import cleanup_stale_blocks
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
@@ -60,18 +61,13 @@ class StageProcess:
 class StageSupervisor:
     def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
                  on_event: Callable[[bytes], None], on_failure: Callable[[StageDeadError], None],
-                 startup_timeout: float = 300.0, heartbeat_timeout: float = 5.0, step_timeout: float = 120.0,
-                 max_restarts: int = 5, restart_window: float = 600.0, cpus: int | None = None) -> None:
+                 supervision: SupervisionSettings, cpus: int | None = None) -> None:
         """on_event: each frame the stages send (run in the event task: an exception there fails the pipeline);
-        on_failure: the pipeline failed, every request in it fails with this error. heartbeat_timeout: seconds
-        without a heartbeat before a ready stage counts as hung (stopped, or its process starved); step_timeout:
-        seconds one loop iteration may take (a deadlocked step). cpus: the cores the CPU stages' threads share
-        (default: those this process may run on)."""
+        on_failure: the pipeline failed, every request in it fails with this error. cpus: the cores the CPU
+        stages' threads share (default: those this process may run on)."""
         self.model_dir, self.pipeline, self.num_code_groups = model_dir, pipeline, num_code_groups
         self.on_event, self.on_failure = on_event, on_failure
-        self.startup_timeout = startup_timeout
-        self.heartbeat_timeout, self.step_timeout = heartbeat_timeout, step_timeout
-        self.max_restarts, self.restart_window = max_restarts, restart_window
+        self.supervision = supervision
         check_devices(pipeline)
         self.threads = stage_threads(pipeline, cpus)
         talker, code2wav = pipeline.stages.talker, pipeline.stages.code2wav
@@ -215,31 +211,23 @@ class StageSupervisor:
                 self.stages[name] = StageProcess(name, process, command)
             # a process's exit is watched once; a stage that failed names itself in its StageFailed
             loop.add_reader(process.sentinel, self._on_stage_exit, self.stages[names[0]])
-        done, pending = await asyncio.wait([s.ready for s in self.stages.values()], timeout=self.startup_timeout,
+        done, pending = await asyncio.wait([s.ready for s in self.stages.values()],
+                                           timeout=self.supervision.startup_timeout,
                                            return_when=asyncio.FIRST_EXCEPTION)
         for ready in done:
             ready.result()  # a stage failed to start (wait_for(gather()), cancelled, would log an unretrieved error)
         if pending:
-            raise StageDeadError(f"the stages were not ready within {self.startup_timeout:g} s")
+            raise StageDeadError(f"the stages were not ready within {self.supervision.startup_timeout:g} s")
 
     def _launch(self, name: str, command_address: str) -> StageLaunch:
         """What stage `name`'s process needs to run it in the pipeline being started."""
-        conn, cfg = self.pipeline.connector, self.pipeline.stages.by_name()[name]
-        return StageLaunch(stage=name, model_dir=self.model_dir, device=cfg.device, dtype=cfg.dtype,
-                           max_batch_size=self.batch_sizes[name],
+        return StageLaunch(stage=name, model_dir=self.model_dir, pipeline=self.pipeline,
+                           max_batch_size=self.batch_sizes[name], threads=self.threads[name],
                            command_address=command_address, event_address=self.event_address,
                            connector=self._connector.spec,
-                           initial_chunk_frames=conn.initial_codec_chunk_frames,
-                           chunk_frames=conn.codec_chunk_frames, threads=self.threads[name],
+                           lanes=code2wav_lanes(self.pipeline, self.threads) if name == "code2wav" else 1,
                            log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
-                           enforce_eager=cfg.enforce_eager,
-                           aligner=self.hosted_aligner if name == "code2wav" else None,
-                           **({"max_model_len": cfg.max_model_len,
-                               "max_prefill_tokens_per_step": cfg.max_prefill_tokens_per_step,
-                               "max_text_tokens": cfg.max_text_tokens}
-                              if name == "talker"
-                              else {"frame_budget": cfg.frame_budget,
-                                    "lanes": code2wav_lanes(self.pipeline, self.threads)}))
+                           aligner=self.hosted_aligner if name == "code2wav" else None)
 
     async def _stop_pipeline(self, graceful: bool) -> None:
         """Stop the stages (gracefully, else kill them at once; one still loading reads no command: killed), then drop
@@ -289,10 +277,10 @@ class StageSupervisor:
             for stage in self.stages.values():
                 if not stage.ready.done():
                     continue  # loading: start() waits for Ready with its own timeout
-                if now - stage.heartbeat_at > self.heartbeat_timeout:
+                if now - stage.heartbeat_at > self.supervision.heartbeat_timeout:
                     self._pipeline_failed(stage.name, f"hung: no heartbeat for {now - stage.heartbeat_at:.1f} s")
                     return
-                if stage.busy_seconds > self.step_timeout:
+                if stage.busy_seconds > self.supervision.step_timeout:
                     self._pipeline_failed(stage.name, f"hung: one step has run for {stage.busy_seconds:.0f} s")
                     return
 
@@ -343,11 +331,11 @@ class StageSupervisor:
         while not self.closed:
             await self._stop_pipeline(graceful=False)
             now = time.monotonic()
-            while self._restart_times and now - self._restart_times[0] > self.restart_window:
+            while self._restart_times and now - self._restart_times[0] > self.supervision.restart_window:
                 self._restart_times.popleft()
-            if len(self._restart_times) >= self.max_restarts:
-                self.fatal = (f"{len(self._restart_times)} restarts within {self.restart_window:.0f} s; last: "
-                              f"stage {self.down} {self.down_reason}")
+            if len(self._restart_times) >= self.supervision.max_restarts:
+                self.fatal = (f"{len(self._restart_times)} restarts within {self.supervision.restart_window:.0f} s; "
+                              f"last: stage {self.down} {self.down_reason}")
                 logger.critical("giving up: %s", self.fatal)
                 if self.on_fatal is not None:
                     self.on_fatal(self.fatal)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from omni_tts.config.settings import ApiSettings
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, SynthesisRequest
 from omni_tts.stages.messages import StageStats
@@ -61,15 +62,15 @@ class TTSClient(Protocol):
     async def shutdown(self) -> None: ...
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
-                 initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                 initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                  first_audio_timeout: float | None = None, timeout: float | None = None,
                  return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         """return_codes: the last chunk carries the generated codes (AsyncTTS.generate)."""
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
-                               initial_chunk_frames: int | None = None, voice_version: str | None = None,
+                               initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
-                               idle_timeout: float = 30.0) -> SpeechTextStream: ...
+                               idle_timeout: float = ApiSettings.stream_idle_timeout) -> SpeechTextStream: ...
 
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
                           timeout: float = 60.0) -> np.ndarray:

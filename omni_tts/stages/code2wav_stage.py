@@ -40,13 +40,15 @@ class Code2WavStage:
                  reader: ChunkReaderBase | None = None) -> None:
         """condition, reader: the loop's Condition and the connector's code2wav end (notifying it) when the process
         made them (the fused layout's in-process connector)."""
-        decoder = load_speech_decoder(launch.model_dir, launch.device, getattr(torch, launch.dtype))
-        runner = Code2WavRunner(decoder, launch.max_batch_size, cuda_graphs=not launch.enforce_eager)
-        frame_budget = launch.frame_budget
+        cfg = launch.config
+        decoder = load_speech_decoder(launch.model_dir, cfg.device, getattr(torch, cfg.dtype))
+        runner = Code2WavRunner(decoder, launch.max_batch_size, cuda_graphs=not cfg.enforce_eager)
+        frame_budget = cfg.frame_budget
         if frame_budget is None:
-            frame_budget = measure_frame_budget(runner, launch.chunk_frames, launch.max_batch_size)
+            frame_budget = measure_frame_budget(runner, launch.pipeline.connector.codec_chunk_frames,
+                                                launch.max_batch_size)
         logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
-                    "measured" if launch.frame_budget is None else "configured", launch.lanes)
+                    "measured" if cfg.frame_budget is None else "configured", launch.lanes)
         self.engine = Code2WavEngine(decoder, launch.max_batch_size, frame_budget, launch.lanes, runner)
         if launch.aligner is not None:  # placement code2wav: the forced aligner beside the decoder
             aligner_stage.start_thread(launch.aligner)

@@ -133,7 +133,7 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     launches = [msgspec.msgpack.decode(b, type=StageLaunch) for b in launches_bytes]
     name_process("omni-tts-" + (launches[0].stage if len(launches) == 1 else "fused"))
     configure_logging(launches[0].log_level)  # a spawned process inherits no logging config
-    cpu_stages = [launch.stage for launch in launches if launch.device == "cpu"]
+    cpu_stages = [launch.stage for launch in launches if launch.config.device == "cpu"]
     if cpu_stages:
         os.nice(min(CPU_STAGE_NICENESS[stage] for stage in cpu_stages))
     set_torch_threads(max(launch.threads for launch in launches))

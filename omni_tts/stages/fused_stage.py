@@ -39,14 +39,14 @@ def _run(launches: list[StageLaunch]) -> None:
     decoder = threading.Thread(target=_run_code2wav, args=(code2wav, code2wav_launch), name="omni-tts-code2wav",
                                daemon=True)
     decoder.start()
-    with _own_stream(talker_launch.device, priority=0):
+    with _own_stream(talker_launch.config.device, priority=0):
         talker.run()
     decoder.join()  # Shutdown reaches both loops; the process ends when both have returned
 
 
 def _run_code2wav(stage: Code2WavStage, launch: StageLaunch) -> None:
     try:
-        with _own_stream(launch.device, priority=-1):
+        with _own_stream(launch.config.device, priority=-1):
             stage.run()
     except BaseException as e:
         fail_process(launch, e)

@@ -6,6 +6,7 @@ import enum
 
 import msgspec
 
+from omni_tts.config.stage_config import Code2WavStageConfig, PipelineConfig, TalkerStageConfig
 from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.models.qwen3_tts.prompt import RequestError, TalkerPrompt
 from omni_tts.models.qwen3_tts.sampling import ResolvedSampling
@@ -22,7 +23,7 @@ class AddRequest(msgspec.Struct, tag=True):
     ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
     speaker_embedding: bytes | None = None   # Base, instead of ref_audio: the x-vector as float32 [enc_dim]
     ref_codes: bytes | None = None   # ICL reference codes given as codes (int32 [T, num_code_groups]), not the clip's
-    initial_chunk_frames: int | None = None   # None = the connector's initial_codec_chunk_frames
+    initial_codec_chunk_frames: int | None = None   # None = the connector config's
     voice_version: str | None = None  # an uploaded voice's version (VoiceRecord.voice_version): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
                                      # the limit for the text so far
@@ -212,24 +213,20 @@ class AlignerLaunch(msgspec.Struct):
 
 
 class StageLaunch(msgspec.Struct):
-    """Everything a stage process needs; passed as msgpack bytes to the spawned process."""
+    """Everything a stage process needs; passed as msgpack bytes to the spawned process. Its device, sizes and
+    chunking are the stage config's (`config`); the supervisor adds what it works out from it."""
     stage: str                       # "talker" | "code2wav"
     model_dir: str
-    device: str
-    dtype: str
-    max_batch_size: int
+    pipeline: PipelineConfig
+    max_batch_size: int              # requests run together (the talker's also bounded by its KV cache rows)
+    threads: int                     # torch intra-op threads (omni_tts.config.threads)
     command_address: str             # the stage binds a PULL here
     event_address: str               # the orchestrator's PULL; the stage connects a PUSH
     connector: ConnectorSpec          # the talker → code2wav chunk connector, of the configured kind
-    initial_chunk_frames: int = 2
-    chunk_frames: int = 25
-    max_model_len: int = 2048
-    max_prefill_tokens_per_step: int = 512
-    max_text_tokens: int = 1024
-    enforce_eager: bool = False      # no CUDA graphs (talker step, decoder calls)
-    threads: int = 1                 # torch intra-op threads (omni_tts.config.threads)
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
-    frame_budget: int | None = None  # code2wav: frames per decoder call (each lane's); None = measured at start
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
     aligner: AlignerLaunch | None = None   # code2wav: the forced aligner to run on a thread of its process
 
+    @property
+    def config(self) -> TalkerStageConfig | Code2WavStageConfig:
+        return self.pipeline.stages.by_name()[self.stage]

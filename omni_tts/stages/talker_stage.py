@@ -51,12 +51,12 @@ class TalkerStage:
     def __init__(self, launch: StageLaunch, writer: ChunkWriterBase | None = None) -> None:
         """writer: the connector's talker end when the process made it (the fused layout's in-process one)."""
         self.launch = launch
-        self.tts = Qwen3TTS(launch.model_dir, device=launch.device, dtype=getattr(torch, launch.dtype),
-                            with_decoder=False)
-        self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, launch.max_model_len,
-                                   launch.max_prefill_tokens_per_step, launch.max_text_tokens,
-                                   cuda_graphs=not launch.enforce_eager)
-        self.limits = PromptLimits(launch.max_text_tokens, launch.max_model_len)
+        cfg = launch.config
+        self.tts = Qwen3TTS(launch.model_dir, device=cfg.device, dtype=getattr(torch, cfg.dtype), with_decoder=False)
+        self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, cfg.max_model_len,
+                                   cfg.max_prefill_tokens_per_step, cfg.max_text_tokens,
+                                   cuda_graphs=not cfg.enforce_eager)
+        self.limits = PromptLimits(cfg.max_text_tokens, cfg.max_model_len)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
         self.writer = writer or chunk_writer(launch.connector,
@@ -204,9 +204,10 @@ class TalkerStage:
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, request.text_done)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, request.max_tokens,
                                               request.text_done))
-        initial = m.initial_chunk_frames or self.launch.initial_chunk_frames
+        chunks = self.launch.pipeline.connector   # the request's first chunk was checked to fit a slot
+        request.chunker = FrameChunker(m.initial_codec_chunk_frames or chunks.initial_codec_chunk_frames,
+                                       chunks.codec_chunk_frames)
         max_frames = self.launch.connector.max_frames
-        request.chunker = FrameChunker(min(initial, max_frames), self.launch.chunk_frames)
         request.num_prompt_rows = prefill.shape[0]
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context
             codes = prompt.ref_codes.cpu().numpy()

@@ -56,6 +56,7 @@ from typing import Iterator
 import numpy as np
 
 from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS
+from omni_tts.config.settings import ApiSettings
 from omni_tts.voices.array_lru import ArrayLRU
 from omni_tts.voices.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
                                              write_atomic)
@@ -67,7 +68,7 @@ from omni_tts.voices.meta import (EMBEDDING_FORMAT, META, decode_voice_file, is_
                                              parse_meta, unreadable)
 
 __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_EMBEDDING_VALUES",
-           "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "QUOTA_BYTES", "CheckedUpload", "VoiceError", "VoiceRecord",
+           "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "CheckedUpload", "VoiceError", "VoiceRecord",
            "VoiceStore", "VoiceStoreBackend", "check_embedding_upload", "check_upload", "validate_name", "voice_key"]
 
 logger = logging.getLogger(__name__)
@@ -79,14 +80,13 @@ CLOCK_FILE = ".created_at"
 ORPHAN_GRACE_S = 60.0
 # a clip that vanishes under a load is a replacement or delete elsewhere: look again, a few times at most
 _LOAD_ATTEMPTS = 3
-QUOTA_BYTES = 1024 ** 3      # all stored clips together (the default of --voices-quota-mb)
 
 
 class VoiceStore:
     """The directory store (`VoiceStoreBackend`); the module docstring has the layout and the consistency model."""
 
     def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = MAX_UPLOAD_BYTES,
-                 quota_bytes: int = QUOTA_BYTES, cache_bytes: int = 256 * 1024 * 1024,
+                 quota_bytes: int = ApiSettings().voices_quota_bytes, cache_bytes: int = 256 * 1024 * 1024,
                  min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> None:
         self.root = os.path.abspath(root_dir)
         self.max_voices, self.max_bytes, self.quota_bytes, self.cache_bytes = (max_voices, max_bytes, quota_bytes,

@@ -122,7 +122,8 @@ BAD = [
      "stages.talker.kv_cache_tokens: must be >= max_model_len (1024) so at least one KV cache row fits, got 1000"),
     ("", "max_batch_size: 0", "", "stages.code2wav.max_batch_size: must be an integer >= 1, got 0"),
     ("", "", "connector: {initial_codec_chunk_frames: 65}\n",
-     "connector.initial_codec_chunk_frames: must be an integer in 1..64, got 65"),
+     "connector.initial_codec_chunk_frames: must be <= ring_slot_frames (64) so a chunk fits in one ring slot, "
+     "got 65"),
     ("", "", "connector: {codec_chunk_frames: 0}\n",
      "connector.codec_chunk_frames: must be an integer in 1..256, got 0"),
     ("", "", "connector: {ring_slots: 1}\n", "connector.ring_slots: must be an integer in 2..65536, got 1"),

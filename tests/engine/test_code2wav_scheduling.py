@@ -10,6 +10,7 @@ import torch
 import zmq
 
 from conftest import FIXTURES, load_component
+from omni_tts.config import Code2WavStageConfig, PipelineConfig, StagesConfig, TalkerStageConfig
 from omni_tts.connectors.shm_ring import RingOwner
 from omni_tts.engine import code2wav_engine
 from omni_tts.engine.code2wav_engine import Code2WavEngine, measure_frame_budget
@@ -272,9 +273,11 @@ def test_code2wav_stage_loads_the_speech_decoder_alone(tmp_path):
         events = ctx.socket(zmq.PULL)
         events.setsockopt(zmq.RCVTIMEO, 120_000)  # a stage that died silently fails the test instead of hanging it
         events.bind(f"ipc://{tmp_path}/events")
-        launch = StageLaunch(stage="code2wav", model_dir=str(tmp_path), device="cpu", dtype="float32",
-                             max_batch_size=2, command_address=f"ipc://{tmp_path}/code2wav",
-                             event_address=f"ipc://{tmp_path}/events", connector=ring.spec, frame_budget=4)
+        pipeline = PipelineConfig(stages=StagesConfig(talker=TalkerStageConfig(device="cpu"),
+                                                      code2wav=Code2WavStageConfig(device="cpu", frame_budget=4)))
+        launch = StageLaunch(stage="code2wav", model_dir=str(tmp_path), pipeline=pipeline, max_batch_size=2,
+                             threads=1, command_address=f"ipc://{tmp_path}/code2wav",
+                             event_address=f"ipc://{tmp_path}/events", connector=ring.spec)
         process = multiprocessing.get_context("spawn").Process(target=code2wav_stage.main,
                                                                args=(msgspec.msgpack.encode(launch),))
         process.start()

@@ -72,7 +72,8 @@ def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
         async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
             assert_connector(engine, kind)
             for initial in (1, 2, 25):
-                results = await asyncio.gather(*(collect(engine, r, initial_chunk_frames=initial) for r in requests))
+                results = await asyncio.gather(*(collect(engine, r, initial_codec_chunk_frames=initial)
+                                                 for r in requests))
                 for (audio, usage, chunks), expected in zip(results, offline):
                     assert audio.shape == expected.audio.shape
                     np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
@@ -103,6 +104,9 @@ def test_24_concurrent_requests_each_get_their_own_audio():
             assert 0 < latencies.sum / ring.connector_chunks < 60  # seconds (not ns): a unit check, not a speed one
             for stage in stats.values():  # every engine step timed once
                 assert sum(stage.step_durations.counts) == stage.num_steps > 0
+            # callers at once (/metrics and /health): each gets both stages' answers (a stage answers by its name)
+            for answer in await asyncio.gather(*(engine.stats(timeout=30) for _ in range(3))):
+                assert set(answer) == {"talker", "code2wav"}
     run(main())
 
 
@@ -150,7 +154,7 @@ def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
             with pytest.raises(RequestError, match="unknown voice"):
                 await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
             with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
-                await collect(engine, many_requests(1)[0], initial_chunk_frames=0)
+                await collect(engine, many_requests(1)[0], initial_codec_chunk_frames=0)
             audio, usage, _ = await collect(engine, many_requests(1)[0])
             assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
             before = await engine.stats()

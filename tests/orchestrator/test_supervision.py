@@ -17,6 +17,7 @@ import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
 from omni_tts.config import PipelineConfig, load_stage_config
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
@@ -85,19 +86,19 @@ def alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def segments(owner_pid: int) -> list[str]:
+def shm_blocks(owner_pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{owner_pid}_")]
 
 
 async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineConfig = "cpu_tiny",
-                             **engine_kwargs) -> None:
+                             **supervision) -> None:
     """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails
     with an error that names the failed stage and `reason` (held with no deadline of their own, only the supervisor
     can have ended them), requests during recovery are refused, the pipeline is healthy again and a greedy request
     equals its golden audio; at shutdown nothing is left."""
     if isinstance(pipeline, str):
         pipeline = load_stage_config(pipeline)
-    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, **engine_kwargs)
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, SupervisionSettings(**supervision))
     await engine.start()
     old_pids = engine.stage_pids()
     try:
@@ -121,7 +122,7 @@ async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineCo
         pids = engine.stage_pids()
         await engine.shutdown()
     assert not any(alive(pid) for pid in pids.values())
-    assert segments(os.getpid()) == []
+    assert shm_blocks(os.getpid()) == []
 
 
 @pytest.mark.parametrize("stage", ["talker", "code2wav"])
@@ -246,7 +247,8 @@ def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
     async def main():
-        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"), max_restarts=1)
+        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                          SupervisionSettings(max_restarts=1))
         fatal = []
         engine.on_fatal = fatal.append
         await engine.start()
@@ -321,11 +323,11 @@ async def collect_with(engine: AsyncTTS, request: SynthesisRequest, **kwargs) ->
 def test_killed_server_process_takes_its_stages_and_shared_memory_along():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"))
     pids = stage_pids(server.proc.pid)
-    assert len(pids) == 2 and segments(server.proc.pid)
+    assert len(pids) == 2 and shm_blocks(server.proc.pid)
     server.proc.kill()
     server.proc.wait()
     eventually(lambda: not any(alive(p) for p in pids), what="the stages gone")
-    eventually(lambda: segments(server.proc.pid) == [], what="the shared memory gone")
+    eventually(lambda: shm_blocks(server.proc.pid) == [], what="the shared memory gone")
 
 
 def _health(port: int) -> tuple[int, dict]:

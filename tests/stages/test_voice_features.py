@@ -18,7 +18,8 @@ import torch
 import zmq
 
 from conftest import FIXTURES
-from omni_tts.config import load_stage_config
+from omni_tts.config import (Code2WavStageConfig, PipelineConfig, StagesConfig, TalkerStageConfig,
+                             load_stage_config)
 from omni_tts.connectors.shm_ring import ChunkReader, RingOwner
 from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.audio import load_audio_24k
@@ -196,8 +197,10 @@ class StageHarness:
         self.ctx = zmq.Context()
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(f"ipc://{self.dir}/events")
-        launch = StageLaunch(stage="talker", model_dir=str(TINY_BASE), device="cpu", dtype="float32",
-                             max_batch_size=8, command_address=f"ipc://{self.dir}/talker",
+        pipeline = PipelineConfig(stages=StagesConfig(talker=TalkerStageConfig(device="cpu"),
+                                                      code2wav=Code2WavStageConfig(device="cpu")))
+        launch = StageLaunch(stage="talker", model_dir=str(TINY_BASE), pipeline=pipeline, max_batch_size=8,
+                             threads=threads, command_address=f"ipc://{self.dir}/talker",
                              event_address=f"ipc://{self.dir}/events", connector=self.ring.spec)
         self.reader = ChunkReader(self.ring.spec)
         self.reader.start()

@@ -45,7 +45,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
 
     def generate(request: SynthesisRequest, segment_id: str, return_codes: bool = False):
         return state.engine.generate(request, request_id=segment_id, voice_version=voice_version,
-                                     initial_chunk_frames=options.initial_codec_chunk_frames,
+                                     initial_codec_chunk_frames=options.initial_codec_chunk_frames,
                                      first_audio_timeout=config.first_audio_timeout, timeout=config.request_timeout,
                                      return_codes=return_codes)
 

@@ -16,19 +16,16 @@ import msgspec
 
 from omni_tts.audio.pcm import FORMATS
 from omni_tts.audio.resample import SAMPLE_RATES
+from omni_tts.audio.speed import MAX_SPEED, MIN_SPEED
+from omni_tts.config.settings import MAX_INPUT_CHARS, MAX_PAUSE_MS, NarrationSettings
 from omni_tts.config.stage_config import InitialChunkFrames
 from omni_tts.voices.store import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
                                         MAX_REF_TEXT_CHARS)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
-from omni_tts.orchestrator.segmenter import PARAGRAPH_PAUSE_MS, SENTENCE_PAUSE_MS
 
 # OpenAI's input limit, for every text field but a speech request's input: it also bounds the tokenizer's time per
 # request (one thread serves all requests); the talker's limits in tokens are checked when the request is tokenized
 MAX_TEXT_CHARS = 4096
-# a speech request's input, narrated when longer than one segment: the server's --max-input-chars (default
-# 200,000) is checked against it, this bound only stops a body's string before it is decoded whole
-MAX_INPUT_CHARS = 4_000_000
-MAX_PAUSE_MS = 10_000
 MAX_NAME_CHARS = 256  # model, voice and language names: error messages quote them
 ResponseFormat = Literal[FORMATS]
 JSON_RESPONSE = "json"
@@ -75,7 +72,7 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     instructions: Text | None = None
     response_format: ResponseFormat = "mp3"
     sample_rate: SampleRate | None = None   # None: the model's 24000 (G.711: 8000)
-    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
+    speed: Annotated[float, msgspec.Meta(ge=MIN_SPEED, le=MAX_SPEED)] = 1.0
     # Qwen3-TTS extensions
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
     language: Name | None = None
@@ -88,8 +85,8 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     word_timestamps: bool = False   # each word's start and end (the forced aligner: --forced-aligner)
     # a narrated input (longer than one segment): silence between its segments, and the segment it starts from (a
     # cut narration resumed: the tail of the same audio)
-    sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = SENTENCE_PAUSE_MS
-    paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = PARAGRAPH_PAUSE_MS
+    sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = NarrationSettings.sentence_pause_ms
+    paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = NarrationSettings.paragraph_pause_ms
     start_segment: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     @property

@@ -224,7 +224,7 @@ class SpeechSession:
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config
-        return dict(initial_chunk_frames=config.initial_codec_chunk_frames, voice_version=self.voice_version,
+        return dict(initial_codec_chunk_frames=config.initial_codec_chunk_frames, voice_version=self.voice_version,
                     first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout)
 
     async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,

@@ -46,7 +46,6 @@ class ServerState:
         self.admitted = 0
         self.in_flight = in_flight
         self.aligner: AlignerClient | None = None   # word timestamps; None: the server has no forced aligner
-        self._stage_stats: asyncio.Task | None = None
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` in the audio pool."""
@@ -57,14 +56,11 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.voice_pool, fn, *args)
 
     async def stage_stats(self) -> dict[str, StageStats]:
-        """The stages' figures, {} if they cannot be had. Concurrent callers share one round trip: the engine
-        keeps a single pending answer per stage, so overlapping calls would take each other's."""
+        """The stages' figures, {} if they cannot be had."""
         if not self.engine.is_healthy:
             return {}
-        if self._stage_stats is None or self._stage_stats.done():
-            self._stage_stats = asyncio.create_task(self.engine.stats(timeout=2.0))
         try:
-            return await asyncio.shield(self._stage_stats)
+            return await self.engine.stats(timeout=2.0)
         except Exception:
             return {}
 

@@ -123,7 +123,7 @@ async def open_speech(state: ServerState, speech: SpeechRequest, voice: VoiceCho
     try:
         synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
         stream = state.engine.generate(synthesis, request_id=request_id,
-                                       initial_chunk_frames=speech.initial_codec_chunk_frames,
+                                       initial_codec_chunk_frames=speech.initial_codec_chunk_frames,
                                        voice_version=voice_version,
                                        first_audio_timeout=state.config.first_audio_timeout,
                                        timeout=state.config.request_timeout)

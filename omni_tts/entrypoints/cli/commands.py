@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 from omni_tts import package_version
 from omni_tts.config import available_stage_configs
+from omni_tts.config.options import add_options, check_bounds, from_options
+from omni_tts.config.settings import ApiSettings, ListenerSettings, NarrationSettings, SupervisionSettings
 from omni_tts.entrypoints.cli.serve import print_error, serve_on, serve_with
 from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.checkpoint_config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
-from omni_tts.orchestrator.segmenter import NARRATION_WINDOW, PARAGRAPH_PAUSE_MS, SEGMENT_CHARS, SENTENCE_PAUSE_MS
 
 FORCED_ALIGNER = "forced_aligner"
 
@@ -35,7 +36,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     leaving such an option out means."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == []:
+        if action.default is None or action.default is False or action.default in ([], ()):
             return action.help
         return super()._get_help_string(action)
 
@@ -43,17 +44,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _add_log_level(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, default=default,
                    help="omni_tts's log messages from this level up (the server's access log is info)")
-
-
-def _port(value: str) -> int:
-    """argparse type of --port: a TCP port number; 0 = any free port (the ready line names it)."""
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..65535, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
-    return port
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
@@ -112,11 +102,7 @@ def _add_narrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="segment i samples with seed + i (default: a seed drawn from the input's "
                                             "hash)")
     p.add_argument("--max-new-tokens", type=int, help=f"per segment {checkpoint}")
-    p.add_argument("--sentence-pause-ms", type=int, default=SENTENCE_PAUSE_MS, help="silence after a segment that ends a sentence")
-    p.add_argument("--paragraph-pause-ms", type=int, default=PARAGRAPH_PAUSE_MS, help="silence after a paragraph")
-    p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
-                   help="segments (one talker request each) hold at most this many characters")
-    p.add_argument("--window", type=int, default=NARRATION_WINDOW, help="segments in flight at once, the one being written included")
+    add_options(p, NarrationSettings)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_log_level(p, "warning")
 
@@ -153,66 +139,28 @@ def _add_serve_ray(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_server_arguments(p: argparse.ArgumentParser) -> None:
-    """What `serve` and `serve-ray` share: the model, the HTTP API's options and each pipeline's supervision."""
+    """What `serve` and `serve-ray` share: the model, where to listen, the HTTP API's options (settings stated in
+    config/settings.py) and each pipeline's supervision."""
     p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port to listen on; 0 = any free port")
+    add_options(p, ListenerSettings)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the `model` values clients send; the first is the primary, listed first in /v1/models "
                         "(default: the checkpoint folder's name)")
-    p.add_argument("--no-openai-aliases", dest="openai_aliases", action="store_false",
-                   help="do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, gpt-4o-mini-tts, "
-                        "gpt-4o-mini-tts-2025-12-15)")
-    p.add_argument("--default-voice", help="CustomVoice: the voice of requests that name none, a speaker or an "
-                                           "OpenAI voice name (default: the checkpoint's first speaker)")
-    p.add_argument("--strict-fields", action="store_true",
-                   help="answer 400 to a speech request field the server does not know (default: ignore it, log "
-                        "one warning and name it in the x-omni-tts-ignored-fields response header)")
-    p.add_argument("--max-queue", type=int, default=256, help="admitted requests beyond which the server answers 429")
-    p.add_argument("--voices-dir", help="where uploaded voices are kept (enables POST /v1/audio/voices); "
-                        "replicas given the same directory share them")
+    add_options(p, ApiSettings)
     p.add_argument("--voices-manifest", metavar="FILE",
                    help="Base models: read-only voices prepared offline, a JSON or YAML file {\"voices\": [{\"name\", "
                         "\"audio\" (a path relative to the file), \"ref_text\"?, \"consent\"?}]}, checked at start-up; "
                         "listed and spoken as uploaded voices, never replaced or deleted")
-    p.add_argument("--allowed-local-media-path", help="directory ref_audio may name local files in")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
     p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",
                    help="hosts, addresses or networks ref_audio URLs may reach although they are not public "
                         "(loopback, private, link-local); repeatable or comma-separated")
-    p.add_argument("--voices-quota-mb", type=int, default=1024,
-                   help="total size of the uploaded voices' clips, in MiB; uploads beyond are answered 413")
-    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
-                   help="browser origins (scheme://host[:port], or *) that may call the API across origins (CORS); "
-                        "default: none")
     p.add_argument("--api-key",  # the default is read later: --help must not print the key
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
-    p.add_argument("--body-read-timeout", type=float, default=30.0,
-                   help="seconds a request body may take to arrive before the server answers 408")
-    p.add_argument("--keepalive-timeout", type=float, default=30.0,
-                   help="seconds an idle connection stays open, and the most a request's headers may take to arrive "
-                        "(a client that never finishes them is cut off)")
-    p.add_argument("--first-audio-timeout", type=float, default=120.0,
-                   help="seconds an admitted request may wait for its first audio before a 503")
-    p.add_argument("--request-timeout", type=float, default=1800.0,
-                   help="seconds a request may run before it is ended (504, or a cut stream)")
-    p.add_argument("--max-input-chars", type=int, default=200_000,
-                   help="the longest speech input, in characters; an input longer than one segment is narrated")
-    p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
-                   help="a narrated input's segments (one talker request each) hold at most this many characters")
-    p.add_argument("--narration-window", type=int, default=NARRATION_WINDOW,
-                   help="a narration's segments in flight at once, the one being delivered included")
-    p.add_argument("--stream-idle-timeout", type=float, default=30.0,
-                   help="WS /v1/audio/speech/stream: seconds without a message (or, in token mode, without text "
-                        "for an unfinished utterance) before the session ends")
-    p.add_argument("--stage-heartbeat-timeout", type=float, default=5.0,
-                   help="seconds without a heartbeat before a stage counts as hung and the pipeline restarts")
-    p.add_argument("--max-restarts", type=int, default=5,
-                   help="pipeline restarts within 10 minutes beyond which the server gives up and exits 1 (serve-ray: "
-                        "the replica fails its health checks, and Ray replaces it)")
+    add_options(p, SupervisionSettings)
     _add_log_level(p, "info")
 
 
@@ -255,15 +203,8 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
     """ValueError for a bad option; the policy for http(s) ref_audio (None: URLs are refused)."""
     from omni_tts.audio.url_fetch import UrlPolicy
 
-    if args.max_queue < 1:
-        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
-    from omni_tts.entrypoints.api.schema import MAX_INPUT_CHARS
-    if not 1 <= args.max_input_chars <= MAX_INPUT_CHARS:
-        raise ValueError(f"--max-input-chars must be in 1..{MAX_INPUT_CHARS}, got {args.max_input_chars}")
-    if args.segment_chars < 20 or args.narration_window < 1:
-        raise ValueError("--segment-chars must be >= 20 and --narration-window >= 1")
-    if args.voices_quota_mb < 1:
-        raise ValueError(f"--voices-quota-mb must be >= 1, got {args.voices_quota_mb}")
+    for settings in (ListenerSettings, ApiSettings, SupervisionSettings):
+        check_bounds(from_options(settings, args))
     allowed_hosts = [h for entry in args.ref_audio_allowed_hosts for h in entry.split(",") if h.strip()]
     if allowed_hosts and not args.allow_remote_ref_audio:
         raise ValueError("--ref-audio-allowed-hosts needs --allow-remote-ref-audio")
@@ -273,14 +214,6 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
         if origin != "*" and not (parts.scheme in ("http", "https") and parts.netloc and not parts.path.strip("/")
                                   and not parts.query and not parts.fragment):
             raise ValueError(f"--allowed-origins takes origins such as https://app.example:8443 (or *), got {origin!r}")
-    if not args.body_read_timeout > 0:
-        raise ValueError(f"--body-read-timeout must be > 0, got {args.body_read_timeout}")
-    if not (args.stage_heartbeat_timeout > 0 and args.first_audio_timeout > 0 and args.request_timeout > 0
-            and args.stream_idle_timeout > 0 and args.keepalive_timeout > 0):
-        raise ValueError("--stage-heartbeat-timeout, --first-audio-timeout, --request-timeout, "
-                         "--stream-idle-timeout and --keepalive-timeout must be > 0")
-    if args.max_restarts < 0:
-        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     return ref_audio_urls
 
 

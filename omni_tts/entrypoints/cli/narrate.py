@@ -24,7 +24,9 @@ from tqdm import tqdm
 
 from omni_tts.entrypoints.api.names import VoiceNames
 from omni_tts.entrypoints.cli.narration_file import NarrationFile
-from omni_tts.entrypoints.api.schema import MAX_PAUSE_MS, ApiError
+from omni_tts.config.options import check_bounds, from_options
+from omni_tts.config.settings import NarrationSettings
+from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.entrypoints.cli.serve import load_pipeline, print_error
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED, SamplingParams
@@ -37,7 +39,6 @@ from omni_tts.orchestrator.types import ENGINE_ERRORS, RequestError, SegmentEnd,
 FORMATS = ("mp3", "wav", "flac", "opus", "pcm")
 EXTENSIONS = {".mp3": "mp3", ".wav": "wav", ".flac": "flac", ".opus": "opus", ".ogg": "opus", ".pcm": "pcm",
               ".raw": "pcm"}
-MIN_SEGMENT_CHARS = 20
 COMMAND = "narrate"
 
 
@@ -75,11 +76,7 @@ def read_text(path: str) -> str:
 
 def check_options(args: argparse.Namespace) -> SamplingParams:
     """ValueError (one line) for an option out of its range; the sampling asked for."""
-    if args.segment_chars < MIN_SEGMENT_CHARS or args.window < 1:
-        raise ValueError(f"--segment-chars must be >= {MIN_SEGMENT_CHARS} and --window >= 1")
-    for name in ("sentence_pause_ms", "paragraph_pause_ms"):
-        if not 0 <= getattr(args, name) <= MAX_PAUSE_MS:
-            raise ValueError(f"--{name.replace('_', '-')} must be in 0..{MAX_PAUSE_MS}, got {getattr(args, name)}")
+    check_bounds(from_options(NarrationSettings, args))
     if args.ref_text and not args.ref_audio:
         raise ValueError("--ref-text is the transcript of --ref-audio, which is missing")
     sampling = SamplingParams.of(args)

@@ -58,12 +58,13 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
     prepare_server_process()
 
     def load() -> tuple[AsyncTTS, ServerConfig, str]:
+        from omni_tts.config.options import from_options
+        from omni_tts.config.settings import SupervisionSettings
         from omni_tts.orchestrator.async_tts import AsyncTTS
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
         config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
-        engine = AsyncTTS(model_dir, pipeline, heartbeat_timeout=args.stage_heartbeat_timeout,
-                          max_restarts=args.max_restarts)
+        engine = AsyncTTS(model_dir, pipeline, supervision=from_options(SupervisionSettings, args))
         config.aligner = forced_aligner(args, engine)   # before the stages start: code2wav's may run it
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
         engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
@@ -109,7 +110,7 @@ def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient 
     model_dir = forced_aligner_dir(args)
     if model_dir is None:
         return None
-    aligner = AlignerClient(model_dir, engine.pipeline.aligner)
+    aligner = AlignerClient(model_dir, engine.pipeline.aligner, engine.supervisor.supervision)
     if aligner.hosted:
         engine.supervisor.hosted_aligner = aligner.launch
     return aligner
@@ -149,6 +150,7 @@ def prepare_server_process() -> None:
 def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
                   model_dir: str) -> ServerConfig:
     """The app's config; ValueError (one line) for a bad --voices-manifest."""
+    from omni_tts.config.options import from_options
     from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.voices.manifest import load_voices_manifest
     from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
@@ -156,16 +158,8 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
     manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir))
                 if args.voices_manifest else None)
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
-    return ServerConfig(
-        served_model_names=names, openai_model_aliases=args.openai_aliases, default_voice=args.default_voice,
-        max_queue=args.max_queue, voices_dir=args.voices_dir, voices_manifest=manifest,
-        allowed_local_media_path=args.allowed_local_media_path, body_read_timeout=args.body_read_timeout,
-        ref_audio_urls=ref_audio_urls, voices_quota_bytes=args.voices_quota_mb * 2**20, api_key=api_key,
-        allowed_origins=tuple(args.allowed_origins),
-        first_audio_timeout=args.first_audio_timeout, request_timeout=args.request_timeout,
-        stream_idle_timeout=args.stream_idle_timeout, strict_fields=args.strict_fields,
-        max_input_chars=args.max_input_chars, segment_chars=args.segment_chars,
-        narration_window=args.narration_window)
+    return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
+                        ref_audio_urls=ref_audio_urls, api_key=api_key)
 
 
 def run_server(listener: socket.socket, args: argparse.Namespace,

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from omni_tts import package_version
 from omni_tts.config import available_cpus, stage_threads
+from omni_tts.config.options import from_options
+from omni_tts.config.settings import SupervisionSettings
 from omni_tts.entrypoints.cli.serve import (listener_url, load_checkpoint, prepare_server_process, run_server,
                                         server_config)
 
@@ -97,9 +99,8 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         health_check_period_s=HEALTH_CHECK_PERIOD_S, health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
         logging_config={"enable_access_log": False},  # this process logs each request
         **scaling)
-    engine_options = {"heartbeat_timeout": args.stage_heartbeat_timeout, "max_restarts": args.max_restarts}
     cores = max(1, int(args.cpus_per_replica))
-    app = replica.bind(args.model, pipeline, cores, engine_options)
+    app = replica.bind(args.model, pipeline, cores, from_options(SupervisionSettings, args))
     if joining:
         ray.init(logging_level=logging.WARNING)
     else:
