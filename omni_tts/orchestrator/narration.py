@@ -46,7 +46,7 @@ RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far fro
 RESTART_WAIT_S = 60.0         # a segment's retry after a stage failure waits this long for the pipeline to be back
 # what a second try may get past; a RequestError (bad input, the stages' too: types.stage_error) fails the same way
 RETRIED = (RequestFailed, StageDeadError)
-Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, return_codes=False): the engine's
+Generate = Callable[..., AsyncIterator[SpeechChunk]]   # (request, request_id, return_codes=False): the pipeline's
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,12 @@ def designs_its_voice(config: Qwen3TTSConfig) -> bool:
     return config.tts_model_type == "voice_design"
 
 
-async def wait_until_serving(engine: TTSClient) -> None:
+async def wait_until_serving(tts: TTSClient) -> None:
     """Returns once the pipeline serves again, or after RESTART_WAIT_S (the retry then fails as it would): a
     narration's `ready`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RESTART_WAIT_S
-    while not engine.is_healthy and loop.time() < deadline and engine.fatal is None:
+    while not tts.is_healthy and loop.time() < deadline and tts.fatal is None:
         await asyncio.sleep(0.1)
 
 
@@ -191,8 +191,8 @@ class _Run:
 
 class Narration:
     """`segments` (all of the input's; the narration starts at `start_segment`) spoken with `template`'s voice and
-    options; `generate(request, request_id, return_codes=...)` is the engine's. `design_once`: the template designs
-    its voice (VoiceDesign): later segments clone segment 0's. `ready()`, when given, returns once the engine serves
+    options; `generate(request, request_id, return_codes=...)` is the pipeline's. `design_once`: the template designs
+    its voice (VoiceDesign): later segments clone segment 0's. `ready()`, when given, returns once the pipeline serves
     again (awaited before a retry after a stage failure). `on_event(name)` is told of each segment "started",
     "retried" and "delivered" (whole)."""
 
@@ -253,7 +253,7 @@ class Narration:
             self.next_index += 1
 
     async def chunks(self) -> AsyncIterator[SpeechChunk]:
-        """The narration's audio in order (see the module); an engine error ends it. Closing the iterator ends
+        """The narration's audio in order (see the module); a pipeline error ends it. Closing the iterator ends
         every request in flight."""
         delivered = 0   # samples
         try:

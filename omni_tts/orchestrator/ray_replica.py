@@ -3,10 +3,10 @@ the replica's actor process, on the GPUs Ray assigned it (CUDA_VISIBLE_DEVICES, 
 config's `cuda:0` is the replica's first GPU).
 
 The API process (ray_tts.RayTTS) calls it through a DeploymentHandle: `generate` and `text_session` stream
-the request's SpeechChunks back; an error the client is told about (ENGINE_ERRORS) comes as the stream's last
-item, pickled whole, so the API process raises the very exception a local engine would (Ray would wrap a raised
+the request's SpeechChunks back; an error the client is told about (PIPELINE_ERRORS) comes as the stream's last
+item, pickled whole, so the API process raises the very exception a local pipeline would (Ray would wrap a raised
 one in the replica's traceback). Cancelling the stream in the API process cancels the method here, which closes
-the engine's iterator, which aborts the request in both stages. Ray's health check calls `check_health`; after
+the pipeline's iterator, which aborts the request in both stages. Ray's health check calls `check_health`; after
 three failures in a row Ray replaces the replica.
 """
 from __future__ import annotations
@@ -26,39 +26,39 @@ from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 from omni_tts.stages.messages import StageStats
 
 from .async_tts import AsyncTTS, TextStream
-from .types import ENGINE_ERRORS, EngineError, RequestError, SpeechChunk, StageDeadError
+from .types import PIPELINE_ERRORS, PipelineError, RequestError, SpeechChunk, StageDeadError
 
-Item = SpeechChunk | EngineError | None
+Item = SpeechChunk | PipelineError | None
 
 
-class EngineReplica:
+class PipelineReplica:
     async def __init__(self, model: str | None, pipeline: PipelineConfig, cpus: int,
                        supervision: SupervisionSettings) -> None:
         """model: `--model` as given (each node resolves it: a repo id downloads into that node's cache); cpus:
         the replica's share of cores, which its CPU stages' threads split (not every core of the node)."""
         set_torch_threads(1)  # this process only routes messages; the cores belong to the stages
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.engine = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
+        self.tts = AsyncTTS(resolve_model_dir(model) if model else default_model_dir(), pipeline,
                                cpus=cpus, supervision=supervision)
-        await self.engine.start()
+        await self.tts.start()
 
     async def __del__(self) -> None:  # Serve awaits it when it stops the replica
-        await self.engine.shutdown()
+        await self.tts.shutdown()
 
     def check_health(self) -> None:
-        if not self.engine.is_healthy:
-            raise RuntimeError(f"the engine is not serving: {self.engine.fatal or self.engine.down_reason}")
+        if not self.tts.is_healthy:
+            raise RuntimeError(f"the pipeline is not serving: {self.tts.fatal or self.tts.down_reason}")
 
     async def generate(self, request: SynthesisRequest, options: dict) -> AsyncIterator[Item]:
-        async for item in self._items(self.engine.generate(request, **options)):
+        async for item in self._items(self.tts.generate(request, **options)):
             yield item
 
     async def text_session(self, relay: ActorHandle, request: SynthesisRequest, options: dict) -> AsyncIterator[Item]:
         """A request whose text arrives in pieces through `relay` (ray_tts.TextRelay), keyed by its request id.
         The first item is None once it is open (or the error that refused it)."""
         try:
-            stream = await self.engine.open_text_stream(request, **options)
-        except ENGINE_ERRORS as e:
+            stream = await self.tts.open_text_stream(request, **options)
+        except PIPELINE_ERRORS as e:
             yield e
             return
         feeder = asyncio.create_task(_feed(relay, stream))
@@ -71,22 +71,22 @@ class EngineReplica:
             await stream.aclose()
 
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None,
-                          timeout: float) -> np.ndarray | EngineError:
-        """The engine's x-vector of a clip, or the error it raised (returned, pickled whole, as `generate`'s)."""
+                          timeout: float) -> np.ndarray | PipelineError:
+        """The pipeline's x-vector of a clip, or the error it raised (returned, pickled whole, as `generate`'s)."""
         try:
-            return await self.engine.embed_voice(ref_audio, voice_version, timeout)
-        except ENGINE_ERRORS as e:
+            return await self.tts.embed_voice(ref_audio, voice_version, timeout)
+        except PIPELINE_ERRORS as e:
             return e
 
     async def stats(self) -> tuple[str, dict[str, StageStats], dict[str, int]]:
         """This replica's id, its stages' figures ({} while they cannot answer) and its pipeline restarts."""
         stats: dict[str, StageStats] = {}
-        if self.engine.is_healthy:
+        if self.tts.is_healthy:
             try:
-                stats = await self.engine.stats(timeout=2.0)
+                stats = await self.tts.stats(timeout=2.0)
             except (StageDeadError, TimeoutError):
                 pass
-        return self.replica_id, stats, dict(self.engine.restarts)
+        return self.replica_id, stats, dict(self.tts.restarts)
 
     async def _items(self, chunks: AsyncIterator[SpeechChunk]) -> AsyncIterator[Item]:
         """The chunks, the first naming this replica, then the error that ended them, if one did."""
@@ -96,7 +96,7 @@ class EngineReplica:
                 if first:
                     chunk.replica, first = self.replica_id, False
                 yield chunk
-        except ENGINE_ERRORS as e:
+        except PIPELINE_ERRORS as e:
             yield e
         finally:
             await chunks.aclose()  # also when Serve drops this generator at a yield

@@ -1,6 +1,6 @@
-"""The engine of `omni-tts serve-ray`'s API process: the TTSClient protocol (tts_client.py) over a Ray Serve
-deployment of EngineReplica (ray_replica.py), so the HTTP layer (`entrypoints/api/`) serves every route as it does
-over a local engine.
+"""The pipeline client of `omni-tts serve-ray`'s API process: the TTSClient protocol (tts_client.py) over a Ray Serve
+deployment of PipelineReplica (ray_replica.py), so the HTTP layer (`entrypoints/api/`) serves every route as it does
+over a local pipeline.
 
 Routing: each request is one call on the DeploymentHandle, which Serve's default router sends to the less loaded of
 two random replicas (power of two choices on their ongoing requests; with two replicas, the one with fewer).
@@ -59,7 +59,7 @@ class TextRelay:
 class RayTTS:
     def __init__(self, app: serve.Application, app_name: str, deployment: str, model_dir: str,
                  pipeline: PipelineConfig) -> None:
-        """app: the bound EngineReplica deployment, run as `app_name` by start()."""
+        """app: the bound PipelineReplica deployment, run as `app_name` by start()."""
         self.app, self.app_name, self.deployment = app, app_name, deployment
         self.config = Qwen3TTSConfig.load(model_dir)
         self.prompts = load_prompts(model_dir, self.config, pipeline)
@@ -199,7 +199,7 @@ class RayTextStream:
 
 
 async def _chunks(call: Callable[[], DeploymentResponseGenerator]) -> AsyncIterator:
-    """The items of `call`'s replica as a local engine's iterator gives them: chunks, then the error that ended
+    """The items of `call`'s replica as a local pipeline's iterator gives them: chunks, then the error that ended
     them raised; a replica that died is StageDeadError (503, as a dead stage). The call is made when iteration
     starts (an iterator never started leaves nothing running), and closing the iterator cancels it."""
     responses = call()

@@ -1,6 +1,6 @@
-"""What the HTTP server needs of an engine: `AsyncTTS` in one process (`omni-tts serve`), or `RayTTS`
+"""What the HTTP server needs of the TTS pipeline: `AsyncTTS` in one process (`omni-tts serve`), or `RayTTS`
 (ray_tts.py), which forwards to AsyncTTS replicas under Ray Serve (`omni-tts serve-ray`). The HTTP layer
-(`entrypoints/api/`) is written against this alone, so every route answers the same whichever engine is behind it.
+(`entrypoints/api/`) is written against this alone, so every route answers the same whichever pipeline is behind it.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class TTSClient(Protocol):
 
     @property
     def fatal(self) -> str | None:
-        """Why the engine gave up for good, if it did."""
+        """Why the pipeline gave up for good, if it did."""
 
     @property
     def restarts(self) -> Mapping[str, int]:

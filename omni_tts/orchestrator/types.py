@@ -1,6 +1,6 @@
 """What the front end hands its callers: the chunks of a request's audio, its usage, and the errors that end it.
-The HTTP layer maps these errors to statuses in one place (`entrypoints`); `RequestError` (bad input) comes from
-the prompt builder and is re-exported here so callers import every engine error from one module. A stage reports
+The HTTP layer maps these errors to statuses in one place (`entrypoints/api/errors.py`); `RequestError` (bad input) comes from
+the prompt builder and is re-exported here so callers import every pipeline error from one module. A stage reports
 a failed request as a `RequestFailure` of a kind; `stage_error` is the one place that kind becomes an error."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 from omni_tts.models.qwen3_tts.prompt import RequestError
 from omni_tts.stages.messages import FailureKind, RequestFailure
 
-__all__ = ["ENGINE_ERRORS", "EngineError", "RequestError", "RequestFailed", "RequestTimedOut", "SegmentEnd",
+__all__ = ["PIPELINE_ERRORS", "PipelineError", "RequestError", "RequestFailed", "RequestTimedOut", "SegmentEnd",
            "SegmentStart", "SpeechChunk", "StageDeadError", "Usage", "stage_error"]
 
 
 class StageDeadError(RuntimeError):
-    """A stage failed (or the engine is restarting / shut down): in-flight requests fail with this."""
+    """A stage failed (or the pipeline is restarting / shut down): in-flight requests fail with this."""
 
 
 class RequestFailed(RuntimeError):
@@ -35,9 +35,9 @@ class RequestTimedOut(RequestFailed):
 
 
 # the errors that end a request with a message for its client (RequestTimedOut is a RequestFailed); any other
-# exception out of the engine is a bug
-EngineError = RequestError | StageDeadError | RequestFailed
-ENGINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
+# exception out of the pipeline is a bug
+PipelineError = RequestError | StageDeadError | RequestFailed
+PIPELINE_ERRORS = (RequestError, StageDeadError, RequestFailed)
 
 
 def stage_error(failure: RequestFailure) -> RequestError | RequestFailed:

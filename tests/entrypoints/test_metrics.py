@@ -168,7 +168,7 @@ def test_concurrent_scrapes_all_get_the_stage_figures():
     async def main():
         async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
             outcomes = []
-            stats = state.engine.stats
+            stats = state.tts.stats
 
             async def counted_stats(timeout: float):
                 try:
@@ -178,7 +178,7 @@ def test_concurrent_scrapes_all_get_the_stage_figures():
                     raise
                 outcomes.append("answered")
                 return result
-            state.engine.stats = counted_stats
+            state.tts.stats = counted_stats
             async with aiohttp.ClientSession() as http:
                 async def scrape() -> str:
                     async with http.get(url + "/metrics") as response:

@@ -192,13 +192,13 @@ async def _slow_reader_then_disconnect(model_dir: str) -> None:
             while received < total * SEGMENT_BYTES // 8:
                 received += len(await response.content.read(2**16))
                 started, delivered = count("started"), count("delivered")
-                assert started - delivered <= 2 and len(state.engine.requests) <= 2, (started, delivered)
+                assert started - delivered <= 2 and len(state.tts.requests) <= 2, (started, delivered)
                 assert (started - 2) * SEGMENT_BYTES <= received + SOCKET_BYTES, (started, received)
                 await asyncio.sleep(0.005)   # reads slower than the narration is made
             assert state.admitted == 1
             response.close()   # the client goes away mid-way
-        await eventually_async(lambda: not (state.admitted or state.engine.requests), what="the narration ended")
-        stats = await state.engine.stats()
+        await eventually_async(lambda: not (state.admitted or state.tts.requests), what="the narration ended")
+        stats = await state.tts.stats()
         assert all(not s.request_ids for s in stats.values()), stats
         assert count("delivered") < total
 
@@ -234,7 +234,7 @@ async def _voice_design(model_dir: str) -> None:
                                        sampling=SamplingParams(temperature=0, max_new_tokens=6,
                                                                seed=GREEDY["seed"] + index), **voice)
             parts, codes = [], None
-            async for chunk in state.engine.generate(request, return_codes=index == 0):
+            async for chunk in state.tts.generate(request, return_codes=index == 0):
                 parts.append(chunk.audio)
                 codes = chunk.codes if chunk.usage is not None else codes
             return to_int16(np.concatenate(parts)), codes

@@ -369,12 +369,12 @@ def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed():
             async with aiohttp.ClientSession() as http:
                 session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan")
                 await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})  # the text stays open
-                await eventually_async(lambda: state.engine.requests, what="the utterance's request in the engine")
+                await eventually_async(lambda: state.tts.requests, what="the utterance's request in the engine")
                 assert state.admitted == 1
                 await session.send({"type": "session.close"})
 
                 def slot_freed() -> bool:  # looked at on every turn of the loop: never free while still held
-                    assert state.admitted or not state.engine.requests, "the slot was freed first"
+                    assert state.admitted or not state.tts.requests, "the slot was freed first"
                     return not state.admitted
                 await eventually_async(slot_freed, what="the slot freed", interval=0)
     run(main())

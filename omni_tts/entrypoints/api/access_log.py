@@ -1,4 +1,4 @@
-"""Each request's id (X-Request-Id, the engine's request id) and its one access-log line."""
+"""Each request's id (X-Request-Id, the pipeline's request id) and its one access-log line."""
 from __future__ import annotations
 
 import logging
@@ -23,7 +23,7 @@ SPEECH_LOG = web.RequestKey("speech_log", SpeechLog)
 
 
 def request_id(request: web.BaseRequest) -> str:
-    """The request's id: in the X-Request-Id response header, the access log and the engine (its request id)."""
+    """The request's id: in the X-Request-Id response header, the access log and the pipeline (its request id)."""
     if REQUEST_ID not in request:
         request[REQUEST_ID] = uuid.uuid4().hex
     return request[REQUEST_ID]

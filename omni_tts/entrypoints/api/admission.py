@@ -22,8 +22,8 @@ class Admission:
             raise ApiError(429, f"the server is at capacity ({state.config.max_queue} requests); retry shortly")
         if state.in_flight.closed:
             raise ApiError(503, STOPPING)
-        if not state.engine.is_healthy:
-            raise ApiError(503, unavailable_message(state.engine))
+        if not state.tts.is_healthy:
+            raise ApiError(503, unavailable_message(state.tts))
         state.admitted += 1
         state.metrics.in_flight.inc()
         state.metrics.queue_depth.inc()

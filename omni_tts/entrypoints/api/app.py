@@ -1,12 +1,12 @@
-"""The OpenAI-compatible API as one aiohttp app on one event loop over an engine (tts_client.TTSClient): the
+"""The OpenAI-compatible API as one aiohttp app on one event loop over a TTS client (tts_client.TTSClient): the
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
 /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
 (voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
 GET / and /playground/{name} (playground.py). CPU work
-(tokenizer: single worker inside the engine; reference audio, encoding, base64: a small bounded pool) never runs on
-the loop. Each request gets an id (X-Request-Id, the engine's request id) and one access-log line (access_log.py).
+(tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
+the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line (access_log.py).
 """
 from __future__ import annotations
 
@@ -27,26 +27,26 @@ from .info import INFO_ROUTES
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
 from .speech_batch import create_speech_batch
 from .speech_stream import speech_stream
-from .state import CONFIG, ENGINE, STATE, ServerState
+from .state import CONFIG, TTS, STATE, ServerState
 from .voice_routes import VOICE_ROUTES
 
 
-def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True) -> web.Application:
-    """The app; with owns_engine it starts the engine on startup and shuts it down on cleanup."""
+def build_app(tts: TTSClient, config: ServerConfig, owns_tts: bool = True) -> web.Application:
+    """The app; with owns_tts it starts the pipeline on startup and shuts it down on cleanup."""
     cors = Cors(config.allowed_origins)
     in_flight = InFlight()
     middlewares = [in_flight.middleware, cors.middleware(), count_speech_requests, error_middleware]
     if config.api_key:
         middlewares.append(api_key_middleware(config.api_key))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
-    app[ENGINE], app[CONFIG] = engine, config
+    app[TTS], app[CONFIG] = tts, config
     # refuses a --default-voice the checkpoint lacks before any stage starts
-    voice_names = VoiceNames(engine.config.tts_model_type, list(engine.config.talker.spk_id), config.default_voice)
+    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
 
     async def lifecycle(app: web.Application):
-        if owns_engine:
-            await engine.start()
-        state = app[STATE] = ServerState(engine, config, voice_names, in_flight)
+        if owns_tts:
+            await tts.start()
+        state = app[STATE] = ServerState(tts, config, voice_names, in_flight)
         if config.aligner is not None:
             state.aligner = config.aligner
             await state.aligner.start()
@@ -54,8 +54,8 @@ def build_app(engine: TTSClient, config: ServerConfig, owns_engine: bool = True)
         if state.aligner is not None:
             await state.aligner.shutdown()
         await state.close()
-        if owns_engine:
-            await engine.shutdown()
+        if owns_tts:
+            await tts.shutdown()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_response_prepare.append(send_request_id)

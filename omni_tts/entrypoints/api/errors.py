@@ -1,5 +1,5 @@
 """How an error reaches a client: `api_error` decides, once, the status and OpenAI envelope of every error that
-ends a request (the engine's and the API's own), for the HTTP responders and the WebSocket's error events alike;
+ends a request (the pipeline's and the API's own), for the HTTP responders and the WebSocket's error events alike;
 `error_middleware` renders whatever a handler raises."""
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from aiohttp import web
 
 from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.orchestrator.tts_client import TTSClient
-from omni_tts.orchestrator.types import (ENGINE_ERRORS, EngineError, RequestError, RequestFailed, RequestTimedOut,
+from omni_tts.orchestrator.types import (PIPELINE_ERRORS, PipelineError, RequestError, RequestFailed, RequestTimedOut,
                                          StageDeadError)
 
 logger = logging.getLogger(__name__)
 
-# what ends a request with a message for its client: the engine's errors and the API's own
-REQUEST_ERRORS = (ApiError, *ENGINE_ERRORS)
+# what ends a request with a message for its client: the pipeline's errors and the API's own
+REQUEST_ERRORS = (ApiError, *PIPELINE_ERRORS)
 
 
-def api_error(error: ApiError | EngineError) -> ApiError:
+def api_error(error: ApiError | PipelineError) -> ApiError:
     """The status and envelope of an error that ended a request: bad input 400 naming the field (found before the
     stages or inside them: a stage's bad-input failure arrives as a RequestError, `types.stage_error`), a stage
     down 503, no first audio in time 503 (overloaded: the client should retry), no end in time 504, any other failure
@@ -38,12 +38,12 @@ def api_error(error: ApiError | EngineError) -> ApiError:
     raise TypeError(f"not a request error: {error!r}")
 
 
-def unavailable_message(engine: TTSClient) -> str:
-    """Why new requests are refused while the engine is unhealthy."""
-    if engine.fatal is not None:
-        return f"the pipeline failed for good ({engine.fatal}); the server is exiting"
-    if engine.down is not None:
-        return f"stage {engine.down} failed ({engine.down_reason}); the pipeline is restarting, retry shortly"
+def unavailable_message(tts: TTSClient) -> str:
+    """Why new requests are refused while the pipeline is unhealthy."""
+    if tts.fatal is not None:
+        return f"the pipeline failed for good ({tts.fatal}); the server is exiting"
+    if tts.down is not None:
+        return f"stage {tts.down} failed ({tts.down_reason}); the pipeline is restarting, retry shortly"
     return "the pipeline is not running"
 
 

@@ -17,8 +17,8 @@ async def list_models(request: web.Request) -> web.Response:
     `task_type` and `languages` say what a request may ask of the checkpoint (the playground reads them)."""
     state = request.app[STATE]
     names = state.config.model_names
-    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.engine.config.tts_model_type],
-                  "languages": state.engine.prompts.languages}
+    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.tts.config.tts_model_type],
+                  "languages": state.tts.prompts.languages}
     return web.json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
         for name in names]})
@@ -28,13 +28,13 @@ async def health(request: web.Request) -> web.Response:
     """200 while the pipeline serves; 503 naming the failed stage while it restarts (or after it gave up). The forced
     aligner is reported beside it (`aligner`), never as the server's health: without it only timestamps are missing."""
     state = request.app[STATE]
-    engine = state.engine
+    tts = state.tts
     aligner = {"aligner": state.aligner.status()} if state.aligner is not None else {}
-    if engine.is_healthy:
+    if tts.is_healthy:
         return web.json_response({"status": "healthy"} | aligner)
-    body = {"status": "unhealthy", "message": unavailable_message(engine)}
-    if engine.down is not None:
-        body["stage"] = engine.down
+    body = {"status": "unhealthy", "message": unavailable_message(tts)}
+    if tts.down is not None:
+        body["stage"] = tts.down
     return web.json_response(body | aligner, status=503, headers={"Retry-After": "1"})
 
 
@@ -44,7 +44,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    state.metrics.observe_stages(await state.stage_stats(), state.engine.is_healthy, state.engine.restarts)
+    state.metrics.observe_stages(await state.stage_stats(), state.tts.is_healthy, state.tts.restarts)
     return web.Response(body=state.metrics.render(), content_type="text/plain", charset="utf-8")
 
 

@@ -64,7 +64,7 @@ class ServerMetrics:
 
     def observe_stages(self, stats: dict[str, StageStats], healthy: bool, restarts: Mapping[str, int]) -> None:
         self.stage_up.set(1 if healthy else 0)
-        for name, count in restarts.items():  # the engine counts; the counter catches up at each scrape
+        for name, count in restarts.items():  # the pipeline counts; the counter catches up at each scrape
             self.restarts.labels(name).inc(count - self._restarts_counted.get(name, 0))
             self._restarts_counted[name] = count
         self.stages.update(stats)

@@ -20,7 +20,7 @@ from .state import ServerState
 
 async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment]:
     """The input's segments (one, the whole input, when it is within one): 400 for a start_segment past the end."""
-    segments = await state.run(plan_segments, state.engine.prompts, text, state.config.segment_chars)
+    segments = await state.run(plan_segments, state.tts.prompts, text, state.config.segment_chars)
     if options.start_segment >= max(1, len(segments)):
         raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
                             f"({len(segments) - 1})", "start_segment")
@@ -44,7 +44,7 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
     config = state.config
 
     def generate(request: SynthesisRequest, segment_id: str, return_codes: bool = False):
-        return state.engine.generate(request, request_id=segment_id, voice_version=voice_version,
+        return state.tts.generate(request, request_id=segment_id, voice_version=voice_version,
                                      initial_codec_chunk_frames=options.initial_codec_chunk_frames,
                                      first_audio_timeout=config.first_audio_timeout, timeout=config.request_timeout,
                                      return_codes=return_codes)
@@ -52,8 +52,8 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
     narration = Narration(generate, segment_template(synthesis), segments, request_id,
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
-                          start_segment=options.start_segment, design_once=designs_its_voice(state.engine.config),
-                          ready=lambda: wait_until_serving(state.engine),
+                          start_segment=options.start_segment, design_once=designs_its_voice(state.tts.config),
+                          ready=lambda: wait_until_serving(state.tts),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log = log or SpeechLog()
     log.segments_total = len(segments) - options.start_segment

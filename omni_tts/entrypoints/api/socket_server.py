@@ -1,10 +1,10 @@
 """The server's life on one event loop, from its bound socket to its exit status.
 
 Loading: the socket answers at once, every route 503 with the OpenAI envelope (so a probe sees a live server that
-is not ready, instead of a connection that hangs), while the engine is built in a thread and its stages start.
+is not ready, instead of a connection that hangs), while the pipeline is built in a thread and its stages start.
 Serving: the app (app.py). Stopping: the first SIGINT or SIGTERM drains (new requests, and new utterances of open
 WebSocket sessions, are answered 503 while the listener stays open; the requests in flight finish; exit status 0);
-a second one ends the requests in flight at once (each ends as an engine failure does, `api/responders.py`; exit
+a second one ends the requests in flight at once (each ends as a pipeline failure does, `api/responders.py`; exit
 status 128 + its number: 130 for Ctrl-C). A signal while loading stops at once, with that status too.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported where they are used: the loading server answers be
 
     from .server_config import ServerConfig
 
-    # what loading yields: the engine (not started), the app's config and the line to log once it serves
+    # what loading yields: the pipeline (not started), the app's config and the line to log once it serves
     Loaded = tuple[TTSClient, ServerConfig, str]
 
 logger = logging.getLogger("omni_tts.serve")
@@ -74,28 +74,28 @@ class _Server:
                 await asyncio.wait([starting])
                 logger.warning("stopped while loading (%s)", signal.Signals(self.stop.result()).name)
                 return 128 + self.stop.result()
-            engine, config, ready = starting.result()
+            tts, config, ready = starting.result()
             from .access_log import AccessLogger
             from .app import build_app
-            app = build_app(engine, config, owns_engine=False)
+            app = build_app(tts, config, owns_tts=False)
             runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=self.keepalive_timeout,
                                    shutdown_timeout=END_GRACE, access_log_class=AccessLogger,
                                    access_log=logging.getLogger("omni_tts.access"))
             try:
                 await runner.setup()
             except BaseException:
-                await engine.shutdown()
+                await tts.shutdown()
                 raise
         finally:
             await loading.cleanup()
-        return await self._serve(engine, runner, ready)
+        return await self._serve(tts, runner, ready)
 
     async def _start(self) -> Loaded:
-        engine, config, ready = await _in_thread(self.load)
-        await engine.start()
-        return engine, config, ready
+        tts, config, ready = await _in_thread(self.load)
+        await tts.start()
+        return tts, config, ready
 
-    async def _serve(self, engine: TTSClient, runner: web.AppRunner, ready: str) -> int:
+    async def _serve(self, tts: TTSClient, runner: web.AppRunner, ready: str) -> int:
         from .state import STATE
         in_flight = runner.app[STATE].in_flight
         try:
@@ -103,7 +103,7 @@ class _Server:
             logger.info("%s", ready)
             await self.stop
             in_flight.close()
-            if engine.fatal is None:  # else the engine gave up (its line said why) and failed what was in flight
+            if tts.fatal is None:  # else the pipeline gave up (its line said why) and failed what was in flight
                 logger.warning("shutting down: finishing %d stream%s (Ctrl-C again to stop now)", len(in_flight),
                                "" if len(in_flight) == 1 else "s")
             drained = asyncio.ensure_future(in_flight.wait_idle())
@@ -112,11 +112,11 @@ class _Server:
         finally:
             if self.abort.done():
                 logger.warning("stopping now: ending %d stream%s", len(in_flight), "" if len(in_flight) == 1 else "s")
-                await engine.shutdown()  # fails what is in flight: each handler ends its answer
+                await tts.shutdown()  # fails what is in flight: each handler ends its answer
                 await runner.cleanup()
             else:
                 await runner.cleanup()
-                await engine.shutdown()
+                await tts.shutdown()
         return 128 + self.abort.result() if self.abort.done() else 0
 
 

@@ -1,4 +1,4 @@
-"""POST /v1/audio/speech: read and check the body, admit, build the engine request, then hand its first audio to
+"""POST /v1/audio/speech: read and check the body, admit, build the pipeline request, then hand its first audio to
 one of the responders (responders.py)."""
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _accepts_json_first(request: web.Request) -> bool:
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
                  arrived: float, admission: Admission, headers: dict[str, str],
                  json_body: bool, segments: list | None) -> web.StreamResponse:
-    """An engine error before the first audio (or before the last, for a whole file) is the answer: it propagates
+    """A pipeline error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
     if segments is None:

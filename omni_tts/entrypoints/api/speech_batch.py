@@ -16,7 +16,7 @@ The answer: `{"results": [{"index", "status", "response_format", "audio" (base64
 item at most its equal share (an item over it fails with 413), so the body stays under ~86 MiB once base64'd.
 
 A client that goes away cancels the handler (the app runs with handler_cancellation), which cancels every item;
-each item's engine stream is closed as it unwinds (`synthesis.open_speech`), which aborts it in every stage.
+each item's audio stream is closed as it unwinds (`synthesis.open_speech`), which aborts it in every stage.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ request and is answered `input.committed` {utterance_index, commit_index, text} 
 joined already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
-(the engine's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
+(the pipeline's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
 first words; `audio.start` then carries the text received so far. `sentence` and `clause` make a request of each
 sentence or clause, one after another (orchestrator/text_splitter.py); `none` narrates the whole utterance at
 input.done, of any length up to --max-input-chars (narrated_utterance.py: each segment a "sentence",
@@ -62,8 +62,8 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_MESSAGE_BYTES = 128 * 2**10
 CONFIG_TIMEOUT = 10.0
 MAX_CONFIGS = 16   # session.config messages per connection: each may fetch and decode a reference clip
-# the engine's own wait for more text outlasts the session's wait for a message, so an idle client is told so by
-# the session (the engine's deadline, a backstop, would read as an overloaded server)
+# the pipeline's own wait for more text outlasts the session's wait for a message, so an idle client is told so by
+# the session (the pipeline's deadline, a backstop, would read as an overloaded server)
 TEXT_IDLE_MARGIN_S = 1.0
 
 
@@ -308,7 +308,7 @@ class TokenUtterance:
                 return  # whitespace before the first word tokenizes with it: it waits
             session = self.session
             self.admission = Admission(session.state).__enter__()
-            self.stream = await session.state.engine.open_text_stream(
+            self.stream = await session.state.tts.open_text_stream(
                 session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout + TEXT_IDLE_MARGIN_S,
                 **session.generation_args())
             self.sender = asyncio.create_task(self._send_audio(self.admission))
@@ -373,7 +373,7 @@ class SplitUtterance:
         check_text_length(text)
         session = self.session
         with Admission(session.state) as admission:
-            chunks = session.state.engine.generate(session.synthesis(text), **session.generation_args())
+            chunks = session.state.tts.generate(session.synthesis(text), **session.generation_args())
             try:
                 await session.send_audio(chunks, self.num_requests, lambda: text, admission)
             finally:

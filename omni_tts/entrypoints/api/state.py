@@ -1,4 +1,4 @@
-"""What the app's handlers share: the engine, the config, the metrics, the uploaded-voice store and the thread pools
+"""What the app's handlers share: the pipeline, the config, the metrics, the uploaded-voice store and the thread pools
 that keep blocking work off the event loop."""
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ class ServerState:
     nothing in it may wait on anything but the CPU. The voice store's calls, which may wait on the replicas' file
     lock, run in `voice_pool` instead, so a held lock never stalls an encoder."""
 
-    def __init__(self, engine: TTSClient, config: ServerConfig, voice_names: VoiceNames, in_flight: InFlight) -> None:
-        self.engine, self.config, self.voice_names = engine, config, voice_names
+    def __init__(self, tts: TTSClient, config: ServerConfig, voice_names: VoiceNames, in_flight: InFlight) -> None:
+        self.tts, self.config, self.voice_names = tts, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voice_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-voices")
@@ -57,10 +57,10 @@ class ServerState:
 
     async def stage_stats(self) -> dict[str, StageStats]:
         """The stages' figures, {} if they cannot be had."""
-        if not self.engine.is_healthy:
+        if not self.tts.is_healthy:
             return {}
         try:
-            return await self.engine.stats(timeout=2.0)
+            return await self.tts.stats(timeout=2.0)
         except Exception:
             return {}
 
@@ -71,6 +71,6 @@ class ServerState:
         self.voice_pool.shutdown(wait=False, cancel_futures=True)
 
 
-ENGINE = web.AppKey("engine", TTSClient)
+TTS = web.AppKey("tts", TTSClient)
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", ServerState)

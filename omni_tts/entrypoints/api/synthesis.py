@@ -1,6 +1,6 @@
-"""From a speech request's options (HTTP body or WebSocket session.config) to the engine's SynthesisRequest: the
+"""From a speech request's options (HTTP body or WebSocket session.config) to the pipeline's SynthesisRequest: the
 checks that cost nothing, made before admission, then the request with its reference audio, built after it, and
-its engine stream opened (`open_speech`, for the routes that answer one HTTP request per engine request)."""
+its audio stream opened (`open_speech`, for the routes that answer one HTTP request per synthesis request)."""
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +43,7 @@ def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoi
     """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
     the fields this checkpoint cannot take."""
     check_model(state, speech.model)
-    config = state.engine.config
+    config = state.tts.config
     if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     if speech.ref_audio is not None and config.tts_model_type != "base":
@@ -73,7 +73,7 @@ def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
 
 async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
                                   text: str) -> tuple[SynthesisRequest, str | None]:
-    """The engine request for `text`, and the uploaded voice's version key when ref_audio comes from one (an
+    """The synthesis request for `text`, and the uploaded voice's version key when ref_audio comes from one (an
     embedding voice's x-vector needs no cache). Fetches and decodes reference audio: call it only once the request
     is admitted."""
     ref_audio, ref_text, voice_version = None, speech.ref_text, None
@@ -82,7 +82,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         try:
             samples = await fetch_ref_audio(speech.ref_audio, fetcher=state.fetcher, executor=state.pool,
                                             allowed_local_path=state.config.allowed_local_media_path)
-            ref_audio = samples  # decoded at 24 kHz: the engine takes it as it is
+            ref_audio = samples  # decoded at 24 kHz: the pipeline takes it as it is
         except RefAudioError as e:
             raise ApiError(e.status, str(e), "ref_audio") from None
     elif voice.uploaded is not None:
@@ -95,7 +95,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         record, loaded_voice = loaded
         if record.embedding_dim is not None:  # a voice saved as an x-vector: no clip, so no ICL
             try:
-                embedding = check_speaker_embedding(state.engine.config, loaded_voice, ref_audio=False,
+                embedding = check_speaker_embedding(state.tts.config, loaded_voice, ref_audio=False,
                                                     ref_text=bool((ref_text or "").strip()))
             except RequestError as e:
                 raise ApiError(400, f"voice '{record.name}' is a speaker embedding: {e}", "voice") from None
@@ -116,13 +116,13 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
 @contextlib.asynccontextmanager
 async def open_speech(state: ServerState, speech: SpeechRequest, voice: VoiceChoice, request_id: str,
                       admission: Admission) -> AsyncIterator[tuple[SpeechChunk, AsyncIterator[SpeechChunk]]]:
-    """An admitted request's first audio and the stream of the rest. An engine error before the first audio is
+    """An admitted request's first audio and the stream of the rest. A pipeline error before the first audio is
     raised here; however the caller's block ends, the stream is closed, which aborts the request in every stage if
     it did not finish."""
     stream = None
     try:
         synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
-        stream = state.engine.generate(synthesis, request_id=request_id,
+        stream = state.tts.generate(synthesis, request_id=request_id,
                                        initial_codec_chunk_frames=speech.initial_codec_chunk_frames,
                                        voice_version=voice_version,
                                        first_audio_timeout=state.config.first_audio_timeout,

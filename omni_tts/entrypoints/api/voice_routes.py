@@ -25,7 +25,7 @@ def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
 
 def _embedding_dim(state: ServerState) -> int | None:
     """The length of the x-vectors the served checkpoint's speaker encoder gives (Base only)."""
-    encoder = state.engine.config.speaker_encoder
+    encoder = state.tts.config.speaker_encoder
     return encoder.enc_dim if encoder is not None else None
 
 
@@ -45,12 +45,12 @@ async def list_voices(request: web.Request) -> web.Response:
 async def upload_voice(request: web.Request) -> web.Response:
     state = request.app[STATE]
     store = _voices_or_404(state)
-    if state.engine.config.tts_model_type != "base":
+    if state.tts.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
     form = await read_voice_form(request, store.max_bytes)
     try:
         if form.speaker_embedding is not None:
-            vector = check_speaker_embedding(state.engine.config, form.speaker_embedding, ref_audio=False,
+            vector = check_speaker_embedding(state.tts.config, form.speaker_embedding, ref_audio=False,
                                              ref_text=bool((form.ref_text or "").strip()))
             record = await state.run_voices(store.add_embedding, form.name, vector, form.consent,
                                             form.speaker_description)
@@ -100,9 +100,9 @@ async def voice_embedding(request: web.Request) -> web.Response:
     record, voice = loaded
     if record.embedding_dim is None:
         vector = state.voice_embeddings.get(record.voice_version)
-        if vector is None:  # engine errors (a stage down: 503) reach error_middleware
+        if vector is None:  # pipeline errors (a stage down: 503) reach error_middleware
             try:
-                vector = await state.engine.embed_voice(voice, record.voice_version)
+                vector = await state.tts.embed_voice(voice, record.voice_version)
             except RequestError as e:  # the speaker encoder refuses the voice's clip
                 raise ApiError(400, f"voice '{record.name}': {e}", "name") from None
             state.voice_embeddings.put(record.voice_version, vector)

@@ -34,7 +34,7 @@ from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.narration import (Narration, Pauses, designs_its_voice, plan_segments, segment_template,
                                              wait_until_serving)
 from omni_tts.orchestrator.segmenter import Segment
-from omni_tts.orchestrator.types import ENGINE_ERRORS, RequestError, SegmentEnd, StageDeadError
+from omni_tts.orchestrator.types import PIPELINE_ERRORS, RequestError, SegmentEnd, StageDeadError
 
 FORMATS = ("mp3", "wav", "flac", "opus", "pcm")
 EXTENSIONS = {".mp3": "mp3", ".wav": "wav", ".flac": "flac", ".opus": "opus", ".ogg": "opus", ".pcm": "pcm",
@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--ref-audio {args.ref_audio!r}: file not found")
         ref_audio = reference_audio_24k(args.ref_audio)   # decoded once, for every segment
     model_dir, stage_config, pipeline = load_pipeline(args)
-    engine = AsyncTTS(model_dir, pipeline)
+    tts = AsyncTTS(model_dir, pipeline)
     try:
-        template, segments = _plan(engine, args, sampling, text, ref_audio)
+        template, segments = _plan(tts, args, sampling, text, ref_audio)
         identity = {"text_sha256": text_sha256, "model": os.path.abspath(model_dir), "stage_config": stage_config,
                     "voice": template.voice, "language": args.language, "instructions": args.instructions,
                     "ref_audio_sha256": file_digest(args.ref_audio) if args.ref_audio else None,
@@ -123,26 +123,26 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ValueError(f"--out {args.out!r}: {e.strerror or e}") from None
     except BaseException:
-        engine.processor.close()
+        tts.processor.close()
         raise
-    return _narrate_to(engine, template, segments, output, args)
+    return _narrate_to(tts, template, segments, output, args)
 
 
-def _plan(engine: AsyncTTS, args: argparse.Namespace, sampling: SamplingParams, text: str,
+def _plan(tts: AsyncTTS, args: argparse.Namespace, sampling: SamplingParams, text: str,
           ref_audio: np.ndarray | None) -> tuple[SynthesisRequest, list[Segment]]:
     """Every segment's request (but its text) and the segments, before any stage starts."""
-    config = engine.config
+    config = tts.config
     try:
-        voice = VoiceNames(config.tts_model_type, engine.prompts.speakers).choose(
+        voice = VoiceNames(config.tts_model_type, tts.prompts.speakers).choose(
             args.voice, "ref_audio" if ref_audio is not None else None, lambda name: False)
     except ApiError as e:
         raise ValueError(f"--{(e.param or 'voice').replace('_', '-')}: {e.message}") from None
     template = segment_template(SynthesisRequest(
         text="", voice=voice.speaker, language=args.language, instructions=args.instructions, ref_audio=ref_audio,
         ref_text=args.ref_text, x_vector_only=ref_audio is not None and not args.ref_text, sampling=sampling))
-    segments = plan_segments(engine.prompts, text, args.segment_chars)
+    segments = plan_segments(tts.prompts, text, args.segment_chars)
     try:   # the request's checks, before the stages start and the file is touched
-        engine.prompts.tokenize(dataclasses.replace(template, text=segments[0].text))
+        tts.prompts.tokenize(dataclasses.replace(template, text=segments[0].text))
     except RequestError as e:
         raise ValueError(option_error(e)) from None
     return template, segments
@@ -153,14 +153,14 @@ def option_error(error: RequestError) -> str:
     return f"--{error.param.replace('_', '-')}: {error}"
 
 
-def _narrate_to(engine: AsyncTTS, template: SynthesisRequest, segments: list[Segment], output: NarrationFile,
+def _narrate_to(tts: AsyncTTS, template: SynthesisRequest, segments: list[Segment], output: NarrationFile,
                 args: argparse.Namespace) -> int:
     done = len(output.delivered)
     try:
         if done < len(segments):
-            asyncio.run(_narrate(engine, template, segments, output, args))
+            asyncio.run(_narrate(tts, template, segments, output, args))
         else:   # a run that ended between its last segment and the end of the file
-            engine.processor.close()
+            tts.processor.close()
         output.finish()
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
         output.close()
@@ -171,7 +171,7 @@ def _narrate_to(engine: AsyncTTS, template: SynthesisRequest, segments: list[Seg
         output.close()
         print_error(COMMAND, f"the pipeline did not start: {e}")
         return 1
-    except ENGINE_ERRORS as e:
+    except PIPELINE_ERRORS as e:
         output.close()
         where = f"at segment {len(output.delivered)} of {len(segments)}"
         if isinstance(e, RequestError):
@@ -188,7 +188,7 @@ def _narrate_to(engine: AsyncTTS, template: SynthesisRequest, segments: list[Seg
     return 0
 
 
-async def _narrate(engine: AsyncTTS, template: SynthesisRequest, segments: list[Segment], output: NarrationFile,
+async def _narrate(tts: AsyncTTS, template: SynthesisRequest, segments: list[Segment], output: NarrationFile,
                    args: argparse.Namespace) -> None:
     """Start the stages, narrate the segments not yet in `output` into it, stop the stages."""
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
@@ -201,17 +201,17 @@ async def _narrate(engine: AsyncTTS, template: SynthesisRequest, segments: list[
     voice_version = f"narration-{request_id}" if template.ref_audio is not None else None
 
     def generate(request: SynthesisRequest, segment_id: str, return_codes: bool = False):
-        return engine.generate(request, request_id=segment_id, voice_version=voice_version,
+        return tts.generate(request, request_id=segment_id, voice_version=voice_version,
                                return_codes=return_codes)
 
     try:
-        await engine.start()
+        await tts.start()
     except StageDeadError as e:
         raise PipelineNotStarted(str(e)) from None
     try:
         narration = Narration(generate, template, segments, request_id, window=args.window, pauses=pauses,
-                              start_segment=start, design_once=designs_its_voice(engine.config),
-                              ready=lambda: wait_until_serving(engine))
+                              start_segment=start, design_once=designs_its_voice(tts.config),
+                              ready=lambda: wait_until_serving(tts))
         with tqdm(total=len(segments), initial=start, unit="segment", disable=args.no_progress,
                   file=sys.stderr, dynamic_ncols=True) as bar:
             async for chunk in narration.chunks():
@@ -224,4 +224,4 @@ async def _narrate(engine: AsyncTTS, template: SynthesisRequest, segments: list[
                                   last=end.index == len(segments) - 1)
                     bar.update(1)
     finally:
-        await engine.shutdown()
+        await tts.shutdown()

@@ -1,5 +1,5 @@
 """The serve bootstrap that `omni-tts serve` and `omni-tts serve-ray` share: bind the port before the model
-loads, load the checkpoint and stage config, build the engine (`serve_on`; serve_ray.py builds its own), serve the
+loads, load the checkpoint and stage config, build the pipeline (`serve_on`; serve_ray.py builds its own), serve the
 app until SIGINT/SIGTERM (`api/socket_server.py`: 503 while loading, a drain, a second signal ends it now) and say
 `ready: …` once it serves."""
 from __future__ import annotations
@@ -64,14 +64,14 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
         config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
-        engine = AsyncTTS(model_dir, pipeline, supervision=from_options(SupervisionSettings, args))
-        config.aligner = forced_aligner(args, engine)   # before the stages start: code2wav's may run it
+        tts = AsyncTTS(model_dir, pipeline, supervision=from_options(SupervisionSettings, args))
+        config.aligner = forced_aligner(args, tts)   # before the stages start: code2wav's may run it
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
-        engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+        tts.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
         url = listener_url(listener)
         logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
                     stage_config, url)
-        return engine, config, ready_line(engine, model_dir, names, url)
+        return tts, config, ready_line(tts, model_dir, names, url)
 
     return run_server(listener, args, load)
 
@@ -101,7 +101,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[str, str, PipelineConfig]:
     return model_dir, stage_config, load_stage_config(stage_config)
 
 
-def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient | None:
+def forced_aligner(args: argparse.Namespace, tts: AsyncTTS) -> AlignerClient | None:
     """The aligner of --forced-aligner's checkpoint (downloaded if need be), placed as the stage config's `aligner`
     says (placement code2wav: the pipeline, which starts first, is told to run it); by default the embedded tiny
     aligner beside the embedded tiny model, and none beside a real one (a random aligner's times mean nothing)."""
@@ -110,9 +110,9 @@ def forced_aligner(args: argparse.Namespace, engine: AsyncTTS) -> AlignerClient 
     model_dir = forced_aligner_dir(args)
     if model_dir is None:
         return None
-    aligner = AlignerClient(model_dir, engine.pipeline.aligner, engine.supervisor.supervision)
+    aligner = AlignerClient(model_dir, tts.pipeline.aligner, tts.supervisor.supervision)
     if aligner.hosted:
-        engine.supervisor.hosted_aligner = aligner.launch
+        tts.supervisor.hosted_aligner = aligner.launch
     return aligner
 
 
@@ -164,15 +164,15 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
 
 def run_server(listener: socket.socket, args: argparse.Namespace,
                load: Callable[[], tuple[TTSClient, ServerConfig, str]]) -> int:
-    """Serve what `load` builds (the engine, the app's config, the ready line) on `listener` until SIGINT/SIGTERM:
+    """Serve what `load` builds (the pipeline, the app's config, the ready line) on `listener` until SIGINT/SIGTERM:
     0 after a drain, 130 after a second Ctrl-C (`api/socket_server.py`); 1 when it does not start or gives up."""
     from omni_tts.entrypoints.api.socket_server import serve
 
-    engines: list[TTSClient] = []
+    loaded_tts: list[TTSClient] = []
 
     def load_engine() -> tuple[TTSClient, ServerConfig, str]:
         loaded = load()
-        engines.append(loaded[0])
+        loaded_tts.append(loaded[0])
         return loaded
 
     try:
@@ -184,8 +184,8 @@ def run_server(listener: socket.socket, args: argparse.Namespace,
             raise
         print_error(args.command, f"the pipeline did not start: {e}")  # a stage did not start
         return 1
-    if engines and engines[0].fatal is not None:
-        print_error(args.command, engines[0].fatal)
+    if loaded_tts and loaded_tts[0].fatal is not None:
+        print_error(args.command, loaded_tts[0].fatal)
         return 1
     return status
 
@@ -195,11 +195,11 @@ def listener_url(listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ready_line(engine: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
+def ready_line(tts: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
     stages = "; ".join(
-        f"{name} on {cfg.device} ({cfg.dtype}, max batch {engine.batch_sizes[name]}, "
-        f"{engine.threads[name]} torch thread{'s' if engine.threads[name] > 1 else ''})"
-        for name, cfg in engine.pipeline.stages.by_name().items())
+        f"{name} on {cfg.device} ({cfg.dtype}, max batch {tts.batch_sizes[name]}, "
+        f"{tts.threads[name]} torch thread{'s' if tts.threads[name] > 1 else ''})"
+        for name, cfg in tts.pipeline.stages.by_name().items())
     names = ", ".join(f"'{name}'" for name in served_model_names)
     return f"ready: serving {model_dir} as {names} at {url}; {stages}"
 

@@ -1,5 +1,5 @@
 """`omni-tts serve-ray`: the HTTP API of `omni-tts serve`, the same aiohttp app (api/app.py) in this process, in
-front of Ray Serve replicas of the engine (orchestrator/ray_replica.py) instead of one engine of its own.
+front of Ray Serve replicas of the pipeline (orchestrator/ray_replica.py) instead of one pipeline of its own.
 
 Ray Serve's HTTP proxy is not used (aiohttp is no ASGI app, and one front end keeps every route, body, stream and
 error literally the code `serve` runs): the app calls the replicas through a DeploymentHandle
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from omni_tts.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
-DEPLOYMENT = "EngineReplica"
-# Ray replaces a replica after three failed checks in a row: 15 s, longer than an engine takes to restart its own
+DEPLOYMENT = "PipelineReplica"
+# Ray replaces a replica after three failed checks in a row: 15 s, longer than a pipeline takes to restart its own
 # stages after one failed (docs/reliability.md), so only a replica that cannot heal itself is replaced
 HEALTH_CHECK_PERIOD_S = 5.0
 HEALTH_CHECK_TIMEOUT_S = 10.0   # a replica whose event loop is stuck this long fails the check
@@ -78,7 +78,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
     from ray import serve
 
     from omni_tts.orchestrator.ray_tts import RayTTS
-    from omni_tts.orchestrator.ray_replica import EngineReplica
+    from omni_tts.orchestrator.ray_replica import PipelineReplica
 
     model_dir, stage_config, pipeline, names = load_checkpoint(args)
     prepare_server_process()
@@ -93,7 +93,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
                {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
                                        "target_ongoing_requests": args.target_ongoing_requests}})
     replica = serve.deployment(
-        EngineReplica, name=DEPLOYMENT, ray_actor_options={"num_cpus": args.cpus_per_replica, "num_gpus": gpus},
+        PipelineReplica, name=DEPLOYMENT, ray_actor_options={"num_cpus": args.cpus_per_replica, "num_gpus": gpus},
         # admission (--max-queue) happens in this process: Serve queues nothing of its own
         max_ongoing_requests=args.max_queue,
         health_check_period_s=HEALTH_CHECK_PERIOD_S, health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
@@ -107,7 +107,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         ray.init(num_cpus=available_cpus(), include_dashboard=False, logging_level=logging.WARNING)
     try:
         serve.start(proxy_location="Disabled")
-        engine = RayTTS(app, app_name, DEPLOYMENT, model_dir, pipeline)
+        tts = RayTTS(app, app_name, DEPLOYMENT, model_dir, pipeline)
         count = f"{low} replica{'s' if low > 1 else ''}" if low == high else f"{low} to {high} replicas"
         threads = ", ".join(f"{stage} {n}" for stage, n in stage_threads(pipeline, cores).items())
         each = (f"{args.cpus_per_replica:g} CPU and {gpus:g} GPU each, stage config {stage_config}, torch threads "
@@ -117,7 +117,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         ready = (f"ready: serving {model_dir} as {', '.join(repr(n) for n in names)} at {url} through Ray Serve "
                  f"application '{app_name}': {count}, {each}")
         config = server_config(args, names, ref_audio_urls, model_dir)
-        return run_server(listener, args, lambda: (engine, config, ready))
+        return run_server(listener, args, lambda: (tts, config, ready))
     finally:
         ray.shutdown()
 
