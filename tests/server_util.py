@@ -110,17 +110,21 @@ async def app_in_process(model_dir: str, **config):
     from omni_tts.entrypoints.api.state import STATE
     from omni_tts.orchestrator.async_tts import AsyncTTS
 
-    engine = AsyncTTS(model_dir, load_stage_config("cpu_tiny"))
-    app = build_app(engine, ServerConfig(**{"served_model_names": ("m",), **config}))
+    tts = AsyncTTS(model_dir, load_stage_config("cpu_tiny"))
+    app = build_app(tts, ServerConfig(**{"served_model_names": ("m",), **config}))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as `omni-tts serve` runs it
-    await runner.setup()
+    await tts.start()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        yield f"http://127.0.0.1:{port}", app[STATE]
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            yield f"http://127.0.0.1:{port}", app[STATE]
+        finally:
+            await runner.cleanup()
     finally:
-        await runner.cleanup()
+        await tts.shutdown()
 
 
 def unclosed_codec_containers() -> list:

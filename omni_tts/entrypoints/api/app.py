@@ -31,8 +31,9 @@ from .state import CONFIG, TTS, STATE, ServerState
 from .voice_routes import VOICE_ROUTES
 
 
-def build_app(tts: TTSClient, config: ServerConfig, owns_tts: bool = True) -> web.Application:
-    """The app; with owns_tts it starts the pipeline on startup and shuts it down on cleanup."""
+def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
+    """The app over `tts`, which its caller starts before serving and shuts down after (`socket_server.py`); the
+    app's own cleanup closes what it made (its state, the aligner client)."""
     cors = Cors(config.allowed_origins)
     in_flight = InFlight()
     middlewares = [in_flight.middleware, cors.middleware(), count_speech_requests, error_middleware]
@@ -43,9 +44,7 @@ def build_app(tts: TTSClient, config: ServerConfig, owns_tts: bool = True) -> we
     # refuses a --default-voice the checkpoint lacks before any stage starts
     voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
 
-    async def lifecycle(app: web.Application):
-        if owns_tts:
-            await tts.start()
+    async def shared_state(app: web.Application):
         state = app[STATE] = ServerState(tts, config, voice_names, in_flight)
         if config.aligner is not None:
             state.aligner = config.aligner
@@ -54,10 +53,8 @@ def build_app(tts: TTSClient, config: ServerConfig, owns_tts: bool = True) -> we
         if state.aligner is not None:
             await state.aligner.shutdown()
         await state.close()
-        if owns_tts:
-            await tts.shutdown()
 
-    app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(shared_state)
     app.on_response_prepare.append(send_request_id)
     app.on_response_prepare.append(cors.add_headers)
     app.router.add_routes([

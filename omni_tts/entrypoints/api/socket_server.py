@@ -77,7 +77,7 @@ class _Server:
             tts, config, ready = starting.result()
             from .access_log import AccessLogger
             from .app import build_app
-            app = build_app(tts, config, owns_tts=False)
+            app = build_app(tts, config)
             runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=self.keepalive_timeout,
                                    shutdown_timeout=END_GRACE, access_log_class=AccessLogger,
                                    access_log=logging.getLogger("omni_tts.access"))

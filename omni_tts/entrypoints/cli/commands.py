@@ -13,7 +13,7 @@ from omni_tts import package_version
 from omni_tts.config import available_stage_configs
 from omni_tts.config.options import add_options, check_bounds, from_options
 from omni_tts.config.settings import ApiSettings, ListenerSettings, NarrationSettings, SupervisionSettings
-from omni_tts.entrypoints.cli.serve import print_error, serve_on, serve_with
+from omni_tts.entrypoints.cli.serve import local_pipeline, print_error, serve
 from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.checkpoint_config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
 
@@ -183,7 +183,7 @@ def _add_replica_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    return serve_with(serve_on, args, _check_server_arguments(args))
+    return serve(args, _check_server_arguments(args), local_pipeline)
 
 
 def _serve_ray(args: argparse.Namespace) -> int:
@@ -196,7 +196,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
 
     ref_audio_urls = _check_server_arguments(args)
     serve_ray.check_arguments(args)
-    return serve_with(serve_ray.serve_on, args, ref_audio_urls)
+    return serve(args, ref_audio_urls, serve_ray.ray_replicas)
 
 
 def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:

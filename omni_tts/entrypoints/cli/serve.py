@@ -1,16 +1,21 @@
-"""The serve bootstrap that `omni-tts serve` and `omni-tts serve-ray` share: bind the port before the model
-loads, load the checkpoint and stage config, build the pipeline (`serve_on`; serve_ray.py builds its own), serve the
-app until SIGINT/SIGTERM (`api/socket_server.py`: 503 while loading, a drain, a second signal ends it now) and say
-`ready: …` once it serves."""
+"""The one start path of `omni-tts serve` and `omni-tts serve-ray`: `serve` binds the port before the model loads,
+then serves what a loader builds (`local_pipeline` here: the stage processes of this machine; serve_ray.py's
+`ray_replicas`) until SIGINT/SIGTERM (`api/socket_server.py`: 503 while loading, a drain, a second signal ends it
+now), and says `ready: …` once it serves.
+
+    commands._serve → serve(args, urls, local_pipeline) → socket_server.serve → build_app
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Callable, ContextManager
 
 from omni_tts import package_version
 
@@ -20,21 +25,47 @@ if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before
     from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.orchestrator.async_tts import AsyncTTS
     from omni_tts.orchestrator.aligner_client import AlignerClient
+    from omni_tts.entrypoints.api.socket_server import Loaded
     from omni_tts.orchestrator.tts_client import TTSClient
+
+    # given the listener, the options and the ref_audio URL policy: the blocking load, valid while the context lasts
+    Loader = Callable[[socket.socket, argparse.Namespace, UrlPolicy | None], ContextManager[Callable[[], Loaded]]]
 
 logger = logging.getLogger("omni_tts.serve")
 
 
-def serve_with(serve: Callable[[socket.socket, argparse.Namespace, UrlPolicy | None], int],
-               args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
-    """Bind the port (before the model loads), then `serve` on it (`serve_on`, or serve_ray's)."""
+def serve(args: argparse.Namespace, ref_audio_urls: UrlPolicy | None, loader: Loader) -> int:
+    """Bind the port (before the model loads), then serve what `loader` loads on it until SIGINT/SIGTERM: 0 after
+    a drain, 130 after a second Ctrl-C (`api/socket_server.py`); 1 when the port is taken, the stages do not start
+    or the pipeline gives up."""
+    from omni_tts.entrypoints.api import socket_server
+
     try:
         listener = _listen(args.host, args.port)
     except OSError as e:
         print_error(args.command, f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
         return 1
     with listener:
-        return serve(listener, args, ref_audio_urls)
+        _prepare_server_process()
+        loaded: list[TTSClient] = []
+        with loader(listener, args, ref_audio_urls) as load:
+            def load_and_keep() -> Loaded:
+                loaded.append((result := load())[0])
+                return result
+
+            try:
+                status = socket_server.serve(listener, load_and_keep, args.keepalive_timeout)
+            except Exception as e:
+                from omni_tts.orchestrator.types import StageDeadError  # not before: the socket answers first
+
+                if not isinstance(e, StageDeadError):
+                    raise
+                print_error(args.command, f"the pipeline did not start: {e}")  # a stage did not start
+                return 1
+    if loaded and loaded[0].fatal is not None:
+        print_error(args.command, loaded[0].fatal)
+        return 1
+    return status
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -53,11 +84,11 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
-    """Answer 503 on `listener` while the model loads, then serve until SIGINT/SIGTERM (`api/socket_server.py`)."""
-    prepare_server_process()
-
-    def load() -> tuple[AsyncTTS, ServerConfig, str]:
+@contextlib.contextmanager
+def local_pipeline(listener: socket.socket, args: argparse.Namespace,
+                   ref_audio_urls: UrlPolicy | None) -> Iterator[Callable[[], Loaded]]:
+    """`omni-tts serve`'s loader: the checkpoint, the app's config and the stage processes of this machine."""
+    def load() -> Loaded:
         from omni_tts.config.options import from_options
         from omni_tts.config.settings import SupervisionSettings
         from omni_tts.orchestrator.async_tts import AsyncTTS
@@ -73,7 +104,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
                     stage_config, url)
         return tts, config, ready_line(tts, model_dir, names, url)
 
-    return run_server(listener, args, load)
+    yield load
 
 
 def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig, tuple[str, ...]]:
@@ -132,7 +163,7 @@ def forced_aligner_dir(args: argparse.Namespace) -> str | None:
     return model_dir
 
 
-def prepare_server_process() -> None:
+def _prepare_server_process() -> None:
     import asyncio
 
     import prometheus_client
@@ -160,34 +191,6 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
                         ref_audio_urls=ref_audio_urls, api_key=api_key)
-
-
-def run_server(listener: socket.socket, args: argparse.Namespace,
-               load: Callable[[], tuple[TTSClient, ServerConfig, str]]) -> int:
-    """Serve what `load` builds (the pipeline, the app's config, the ready line) on `listener` until SIGINT/SIGTERM:
-    0 after a drain, 130 after a second Ctrl-C (`api/socket_server.py`); 1 when it does not start or gives up."""
-    from omni_tts.entrypoints.api.socket_server import serve
-
-    loaded_tts: list[TTSClient] = []
-
-    def load_engine() -> tuple[TTSClient, ServerConfig, str]:
-        loaded = load()
-        loaded_tts.append(loaded[0])
-        return loaded
-
-    try:
-        status = serve(listener, load_engine, args.keepalive_timeout)
-    except Exception as e:
-        from omni_tts.orchestrator.types import StageDeadError  # not before: the socket answers before torch loads
-
-        if not isinstance(e, StageDeadError):
-            raise
-        print_error(args.command, f"the pipeline did not start: {e}")  # a stage did not start
-        return 1
-    if loaded_tts and loaded_tts[0].fatal is not None:
-        print_error(args.command, loaded_tts[0].fatal)
-        return 1
-    return status
 
 
 def listener_url(listener: socket.socket) -> str:

@@ -10,21 +10,23 @@ machine's cores and GPUs, and ends it on exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Callable
 
 from omni_tts import package_version
 from omni_tts.config import available_cpus, stage_threads
 from omni_tts.config.options import from_options
 from omni_tts.config.settings import SupervisionSettings
-from omni_tts.entrypoints.cli.serve import (listener_url, load_checkpoint, prepare_server_process, run_server,
-                                        server_config)
+from omni_tts.entrypoints.cli.serve import listener_url, load_checkpoint, server_config
 
 if TYPE_CHECKING:
     from omni_tts.audio.url_fetch import UrlPolicy
     from omni_tts.config import PipelineConfig
+    from omni_tts.entrypoints.api.socket_server import Loaded
 
 logger = logging.getLogger(__name__)
 DEPLOYMENT = "PipelineReplica"
@@ -67,9 +69,11 @@ def gpus_per_replica(args: argparse.Namespace, pipeline: PipelineConfig) -> floa
     return len({cfg.device for cfg in pipeline.stages.by_name().values() if cfg.device.startswith("cuda")})
 
 
-def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: UrlPolicy | None) -> int:
-    """Start or join Ray, deploy the replicas, and serve on `listener` until SIGINT/SIGTERM (0) or they do not
-    start (1)."""
+@contextlib.contextmanager
+def ray_replicas(listener: socket.socket, args: argparse.Namespace,
+                 ref_audio_urls: UrlPolicy | None) -> Iterator[Callable[[], Loaded]]:
+    """`omni-tts serve-ray`'s loader (`serve.serve`): start or join Ray and deploy the replicas; Ray is shut down
+    when serving ends."""
     # Serve's router picks the less loaded of two replicas, but trusts a cached queue length over probing a replica
     # whose entry went stale, so a replica that idles for the cache's lifetime gets no share of a burst: probe both
     # for every request (a round trip of a millisecond beside requests of seconds). Read when ray.serve is imported.
@@ -81,7 +85,6 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
     from omni_tts.orchestrator.ray_replica import PipelineReplica
 
     model_dir, stage_config, pipeline, names = load_checkpoint(args)
-    prepare_server_process()
     low, high = replica_bounds(args)
     gpus = gpus_per_replica(args, pipeline)
     joining = bool(os.environ.get("RAY_ADDRESS"))
@@ -117,7 +120,7 @@ def serve_on(listener: socket.socket, args: argparse.Namespace, ref_audio_urls: 
         ready = (f"ready: serving {model_dir} as {', '.join(repr(n) for n in names)} at {url} through Ray Serve "
                  f"application '{app_name}': {count}, {each}")
         config = server_config(args, names, ref_audio_urls, model_dir)
-        return run_server(listener, args, lambda: (tts, config, ready))
+        yield lambda: (tts, config, ready)
     finally:
         ray.shutdown()
 
