@@ -119,3 +119,9 @@ def test_every_package_folder_says_what_it_holds():
     """Each package folder has a README.md: what is there and what it may import."""
     folders = {path.parent for path in PACKAGE.rglob("__init__.py")}
     assert sorted(str(f.relative_to(PACKAGE)) for f in folders if not (f / "README.md").is_file()) == []
+
+
+def test_the_api_never_imports_the_command_line():
+    """Within the top layer `cli/` starts `api/`, never the other way: the app serves the same under any bootstrap."""
+    assert sorted(f"{a} → {b}" for a, targets in GRAPH.items() for b in targets
+                  if a.startswith("omni_tts.entrypoints.api") and b.startswith("omni_tts.entrypoints.cli")) == []
