@@ -29,7 +29,8 @@ from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import make_random_model
-from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from omni_tts.models.qwen3_tts.sampling import GREEDY, SamplingParams, warp_and_sample
+from omni_tts.models.qwen3_tts.sampling_params import MAX_NEW_TOKENS
 
 FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
 
@@ -58,7 +59,7 @@ class RunningEngine:
         while self.engine.stats().num_running + self.engine.stats().num_waiting < self.batch:
             p = prepare(self.tts, SynthesisRequest(
                 text=f"Request {self.added}: a sentence of ordinary length to speak.", voice="ryan",
-                sampling=SamplingParams(temperature=self.temperature, seed=self.added, max_new_tokens=100_000)))
+                sampling=SamplingParams(temperature=self.temperature, seed=self.added, max_new_tokens=MAX_NEW_TOKENS)))
             self.engine.add_request(TalkerRequest(str(self.added), p.prefill, p.trailing, p.sampling, 100_000))
             self.added += 1
         self.engine.step()
@@ -71,9 +72,8 @@ def breakdown(tts: Qwen3TTS, batch: int, repeats: int) -> list[tuple[str, float,
     rows.append(("talker step (greedy)", *time_ms(engine.step, repeats)))
     b = slice(0, batch)
     with torch.inference_mode():
-        rows.append(("code predictor", *time_ms(lambda: talker.code_predictor.predict(
-            runner.hidden[b], talker.embed_codec(runner.c0[b]), runner.cp_cache.rows(0, batch),
-            runner.sampler.codebook_sampler(b)), repeats)))
+        keys = runner.sampler.noise_keys(b)
+        rows.append(("code predictor", *time_ms(lambda: runner.predict_frame(b, keys, GREEDY), repeats)))
         x = torch.randn(batch, runner.hidden.shape[1], dtype=runner.dtype)
         slots = runner.lengths[b].clone()
         num_slots = int(slots.max()) + 1
@@ -85,11 +85,12 @@ def breakdown(tts: Qwen3TTS, batch: int, repeats: int) -> list[tuple[str, float,
             talker_logits = torch.randn(batch, tts.config.talker.vocab_size)
             cp_logits = torch.randn(batch, tts.config.talker.code_predictor.vocab_size)
 
-            def draw() -> None:
-                sampler.sample_talker(talker_logits, b)
-                draw_codebook = sampler.codebook_sampler(b)
-                for j in range(15):
-                    draw_codebook(cp_logits, j)
+            def draw() -> None:   # as a step draws: the keys in one pass, the code predictor's warpers sliced once
+                keys, (talker_paths, codebook_paths) = sampler.noise_keys(b), sampler.paths(b)
+                sampler.sample_talker(talker_logits, b, keys[:, 0], talker_paths)
+                warpers = sampler.codebooks.rows(b)
+                for j in range(1, 16):
+                    warp_and_sample(cp_logits, warpers, keys[:, j], codebook_paths)
             rows.append((f"sampling, 16 draws (temperature {temperature})", *time_ms(draw, repeats)))
             if temperature > 0:
                 rows.append((f"talker step (temperature {temperature})", *time_ms(sampled.step, repeats)))

@@ -2,16 +2,17 @@
 
 Each running request owns one row of preallocated buffers: its KV-cache row, last hidden state, pending c0,
 trailing-text rows (+ the tts_pad row after them), sampling state, and its slice of the step's output. A decode
-step reads and writes only those buffers, so with a fixed number of rows and attention slots it has fixed
-shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in free rows), which
-is what a CUDA graph needs. A static step cannot branch on its rows' parameters, so it comes in two sampling path
-sets (STATIC_PATHS), picked per step from the rows' host-side parameters: candidates only (every sampled row keeps
-a small top-k, the checkpoints' default) or every path. On CUDA one graph per (rows, slots) bucket and path set is
-captured at start-up — talker step, all 15 code-predictor steps and sampling — and replayed; on CPU the same
-static path runs eagerly (tested to give the dynamic path's codes). Either way one [B, 17] device→host copy per
-step (through pinned memory, waited for by an event on the talker's stream) is the only sync. The buffers hold
-`num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows (waiting for text) live at the
-top, where no bucket's padding reaches (talker_scheduler.py).
+step reads and writes only those buffers, top to bottom: the code predictor's 15 forwards, each followed by its
+draw, complete the frame; the talker's forward; the next c0's draw. With a fixed number of rows and attention
+slots it has fixed shapes: `static_shapes` rounds both up to a bucket (padding rows compute throw-away values in
+free rows), which is what a CUDA graph needs. A static step cannot skip what only some rows need, so it comes in
+two sampling path sets (STATIC_PATHS), picked per step from the rows' host-side parameters: candidates only (every
+sampled row keeps a small top-k, the checkpoints' default) or every path. On CUDA one graph per (rows, slots)
+bucket and path set is captured at start-up and replayed; on CPU the same step runs eagerly, static (tested to
+give the dynamic path's codes) or not (each draw then runs only the paths its rows need). Either way one [B, 17]
+device→host copy per step (through pinned memory, waited for by an event on the talker's stream) is the only
+sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows
+(waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import KVCache
-from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths
+from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths, warp_and_sample
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .buckets import batch_buckets, bucket
@@ -82,6 +83,7 @@ class TalkerRunner:
         self.sampler = BatchSampler(rows, tc.vocab_size, tc.code_predictor.vocab_size, tc.codec_eos_token_id, dev)
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
+            self.cp_positions = talker.code_predictor.frame_positions(dev, dt)
         self.graphs: dict[tuple[int, int, SamplingPaths], torch.cuda.CUDAGraph] = {}
         if self.cuda_graphs:
             self.capture_graphs()
@@ -104,7 +106,8 @@ class TalkerRunner:
         for i, request in enumerate(requests):
             self.sampler.set_row(first_row + i, request.sampling)
             self.append_trailing(first_row + i, 0, request.trailing)
-        self.c0[rows] = self.sampler.sample_talker(logits, rows)
+        talker_paths, _ = self.sampler.paths(rows)
+        self.c0[rows] = self.sampler.sample_talker(logits, rows, self.sampler.noise_keys(rows)[:, 0], talker_paths)
         self.steps[rows] = 0
         self.lengths[rows] = lengths
 
@@ -121,16 +124,17 @@ class TalkerRunner:
     @torch.inference_mode()
     def decode(self, num_rows: int, num_slots: int) -> np.ndarray:
         """One step for rows 0..num_rows-1 attending over num_slots slots; returns their [num_rows, 17] tokens."""
+        rows = slice(0, num_rows)
         if self.static_shapes:
-            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots),
-                   self.sampler.static_paths(slice(0, num_rows)))
+            paths = self.sampler.static_paths(rows)
+            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots), paths)
             graph = self.graphs.get(key)
             if graph is not None:
                 graph.replay()
             else:
-                self._decode_rows(*key)
+                self._decode_rows(key[0], key[1], paths, paths)
         else:
-            self._decode_rows(num_rows, num_slots, None)
+            self._decode_rows(num_rows, num_slots, *self.sampler.paths(rows))
         # the step's one D2H copy and its one wait
         host = self.host_tokens[:num_rows]
         if self.tokens_copied is not None:
@@ -139,28 +143,41 @@ class TalkerRunner:
             self.tokens_copied.synchronize()
         return host.numpy().copy()  # the buffers are the next step's
 
-    def _decode_rows(self, b: int, num_slots: int, paths: SamplingPaths | None) -> None:
-        """The step body, shape-static in (b, num_slots): code predictor for codebooks 1..15 of every row, the
-        talker fed the whole frame + the row's text, the next c0 sampled; results land in self.tokens.
-        paths: the static step's path set (of STATIC_PATHS); None: each draw runs only what its rows need."""
-        rows, talker, sampler = slice(0, b), self.talker, self.sampler
-        c0 = self.c0[rows]
-        keys = sampler.noise_keys(rows)   # the step's 16 draws share the rows' token index: one pass for all
-        rest = talker.code_predictor.predict(self.hidden[rows], talker.embed_codec(c0), self.cp_cache.rows(0, b),
-                                             sampler.codebook_sampler(rows, paths, keys))
-        frame = torch.cat((c0[:, None], rest), dim=1)                                 # [B, 16]
+    def _decode_rows(self, b: int, num_slots: int, talker_paths: SamplingPaths, codebook_paths: SamplingPaths
+                     ) -> None:
+        """The step body, shape-static in (b, num_slots): every row's frame, the talker fed the whole frame + the
+        row's text, the next c0 drawn; results land in self.tokens. What a CUDA graph captures, as is.
+        talker_paths, codebook_paths: the sampling paths the c0 and the codebook draws run."""
+        rows, talker = slice(0, b), self.talker
+        keys = self.sampler.noise_keys(rows)   # [B, 16] the step's 16 draws share the rows' token index: one pass
+        frame = self.predict_frame(rows, keys, codebook_paths)                         # [B, 16]
         text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
         x = talker.embed_frame(frame) + self.trailing[self.row_ids[rows], text_index]  # trailing row or tts_pad
         # a padding row (a free row of a bucket) keeps counting: clamp so its throw-away key stays in the cache
         slots = self.lengths[rows].clamp(max=self.max_model_len - 1)
         hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots)
+        next_c0 = self.sampler.sample_talker(logits, rows, keys[:, 0], talker_paths)
         self.hidden[rows] = hidden
-        next_c0 = sampler.sample_talker(logits, rows, paths, keys)
         self.c0[rows] = next_c0
         self.lengths[rows] += 1
         self.steps[rows] += 1
         self.tokens[rows, :-1] = frame
         self.tokens[rows, -1] = next_c0
+
+    def predict_frame(self, rows: slice, keys: torch.Tensor, paths: SamplingPaths) -> torch.Tensor:
+        """[B, 16] the frame of `rows`: their pending c0, then codebooks 1..15, each the code predictor's forward
+        over the codebooks before it and a draw (at stream j of keys [B, 16]) with the rows' code-predictor
+        sampling."""
+        predictor, warpers = self.talker.code_predictor, self.sampler.codebooks.rows(rows)
+        cache = self.cp_cache.rows(rows.start, rows.stop)
+        codes = [self.c0[rows]]
+        x = predictor.frame_inputs(self.hidden[rows], self.talker.embed_codec(codes[0]))
+        for j in range(1, predictor.num_code_groups):
+            logits = predictor.decode_step(x, j, cache, self.cp_positions)
+            codes.append(warp_and_sample(logits, warpers, keys[:, j], paths))
+            if j + 1 < predictor.num_code_groups:
+                x = predictor.embed_codebook(codes[-1], j)
+        return torch.stack(codes, dim=1)
 
     def capture_graphs(self) -> None:
         """One CUDA graph per (rows, slots) bucket and sampling path set, largest first so smaller graphs reuse its
@@ -172,7 +189,8 @@ class TalkerRunner:
             for slots in reversed(self.slot_buckets):
                 for rows in reversed(self.batch_buckets):
                     for paths in STATIC_PATHS:
-                        graph, _ = capture(lambda: self._decode_rows(rows, slots, paths), self.device, pool)
+                        graph, _ = capture(lambda: self._decode_rows(rows, slots, paths, paths), self.device,
+                                           pool)
                         pool = graph.pool()
                         self.graphs[(rows, slots, paths)] = graph
             torch.cuda.synchronize(self.device)

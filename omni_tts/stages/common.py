@@ -124,8 +124,8 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     """Process entry of the stages in `launches_bytes` (two in the fused layout): one heartbeat thread for all, `main`
     on this thread; a crash is reported as the first stage's (a stage that runs on another thread reports its own,
     `fail_process`). torch's intra-op thread count is the process's, and every loop's ops use it while the loops run
-    at once, so the process takes the largest stage share, not the sum (fused on 2 cores, 8 tiny requests: 1.71 s
-    with the sum, 0.54 s with the largest, 0.47 s as two processes)."""
+    at once, so the process takes the largest stage share, not the sum, which oversubscribes the cores
+    (docs/benchmarks.md, "The fused process's torch threads")."""
     # Ctrl+C in a terminal signals the whole process group; the server stops its stages itself (Shutdown). The
     # server spawned this process with SIGINT blocked, so none arrived before now: ignored, it can be unblocked
     signal.signal(signal.SIGINT, signal.SIG_IGN)

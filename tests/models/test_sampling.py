@@ -9,9 +9,10 @@ from omni_tts.engine.offline import synthesize
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, BatchSampler, SamplingParams, SamplingPaths,
-                                                VocabTables, Warpers, _sample_candidates, _sample_sorted,
-                                                exponential_noise, noise_keys, resolve_sampling, warp_and_sample)
+from omni_tts.models.qwen3_tts.sampling import (ALL_PATHS, CANDIDATES, CANDIDATES_ONLY, GREEDY, SORTED_ONLY,
+                                                BatchSampler, RowWarpers, SamplingParams, _sample_candidates,
+                                                _sample_sorted, exponential_noise, hash_ids, noise_keys,
+                                                resolve_sampling, warp_and_sample)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults, SamplingError
 
 GEN = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
@@ -49,16 +50,32 @@ def test_server_defaults_come_between_the_request_and_the_checkpoint():
     assert (r.temperature, r.top_k, r.top_p, r.seed) == (0.5, 3, 1.0, 1)
 
 
-def draw(logits, temperature, top_k, top_p, seeds, counters, stream, paths):
-    """warp_and_sample for rows at (seeds, counters) on `stream`."""
-    warpers = Warpers(temperature, top_k, top_p, VocabTables.of(logits.shape[-1], "cpu"))
-    return warp_and_sample(logits, warpers, noise_keys(seeds, counters)[:, stream], paths)
+def row_warpers(temperature, top_k, top_p, vocab) -> RowWarpers:
+    """RowWarpers of rows with these parameters ([B] tensors each)."""
+    warpers = RowWarpers(len(temperature), vocab, "cpu")
+    for row, params in enumerate(zip(temperature.tolist(), top_k.tolist(), top_p.tolist())):
+        warpers.set_row(row, *params)
+    return warpers
+
+
+def draw(logits, temperature, top_k, top_p, seeds, counters, stream, paths=None):
+    """warp_and_sample for rows at (seeds, counters) on `stream`, running `paths` (default: what the rows need)."""
+    warpers, rows = row_warpers(temperature, top_k, top_p, logits.shape[-1]), slice(0, logits.shape[0])
+    paths = warpers.paths_of(rows) if paths is None else paths
+    return warp_and_sample(logits, warpers.rows(rows), noise_keys(seeds, counters)[:, stream], paths)
 
 
 def one_row_sampler(params) -> BatchSampler:
     sampler = BatchSampler(1, talker_vocab=3072, audio_vocab=2048, eos_id=2150, device="cpu")
     sampler.set_row(0, params)
     return sampler
+
+
+def sample_c0(sampler: BatchSampler, logits: torch.Tensor) -> int:
+    """The one row's c0 from talker logits [1, V], as a step draws it."""
+    rows = slice(0, 1)
+    talker_paths, _ = sampler.paths(rows)
+    return sampler.sample_talker(logits, rows, sampler.noise_keys(rows)[:, 0], talker_paths).item()
 
 
 def test_talker_processing_order():
@@ -69,15 +86,15 @@ def test_talker_processing_order():
     logits[0, 2500] = 90.0    # suppressed control id
     logits[0, 7] = 3.0
     logits[0, 9] = 2.0
-    assert sampler.sample_talker(logits, slice(0, 1)).item() == 7
+    assert sample_c0(sampler, logits) == 7
     # 7 was generated: its positive logit is divided by the penalty (3 -> 1.5) and 9 wins
-    assert sampler.sample_talker(logits, slice(0, 1)).item() == 9
+    assert sample_c0(sampler, logits) == 9
     # after two tokens EOS is allowed
-    assert sampler.sample_talker(logits, slice(0, 1)).item() == 2150
+    assert sample_c0(sampler, logits) == 2150
     negative = torch.full((1, 3072), -5.0)
     negative[0, 9] = -1.0     # generated before: multiplied by the penalty -> -2
     negative[0, 11] = -1.5
-    assert sampler.sample_talker(negative, slice(0, 1)).item() == 11
+    assert sample_c0(sampler, negative) == 11
 
 
 def test_top_k_and_top_p_restrict_the_support():
@@ -118,7 +135,7 @@ def test_a_small_top_k_samples_among_candidates_as_the_sorted_vocabulary_would()
                             torch.rand(64, generator=generator) * 0.9 + 0.05)
         seeds, counters = torch.randint(0, 2 ** 62, (64,), generator=generator), torch.full((64,), step)
         keys = noise_keys(seeds, counters)[:, 0]
-        warpers = Warpers(torch.ones(64), top_k, top_p, VocabTables.of(3072, "cpu"))
+        warpers = row_warpers(torch.ones(64), top_k, top_p, 3072).rows(slice(0, 64))
         assert torch.equal(_sample_candidates(scores, warpers, keys), _sample_sorted(scores, warpers, keys))
 
 
@@ -126,15 +143,31 @@ def test_a_rows_draw_does_not_depend_on_the_paths_its_batch_needs():
     logits = torch.randn(4, 2048, generator=torch.Generator().manual_seed(1))
     temperature, top_p = torch.tensor([0.9, 0.9, 0.0, 0.9]), torch.tensor([0.8, 1.0, 1.0, 1.0])
     top_k, seeds, counters = torch.tensor([50, 0, 0, 500]), torch.arange(4), torch.full((4,), 7)
-    paths = SamplingPaths.of(temperature.tolist(), top_k.tolist())
-    assert paths == ALL_PATHS
-    batched = draw(logits, temperature, top_k, top_p, seeds, counters, 3, paths)
+    assert row_warpers(temperature, top_k, top_p, 2048).paths_of(slice(0, 4)) == ALL_PATHS
+    batched = draw(logits, temperature, top_k, top_p, seeds, counters, 3)
     for row in range(4):
         one = slice(row, row + 1)
-        alone = SamplingPaths.of(temperature[one].tolist(), top_k[one].tolist())
-        assert alone != ALL_PATHS
-        assert draw(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], counters[one], 3,
-                    alone).item() == batched[row].item()
+        assert row_warpers(temperature[one], top_k[one], top_p[one], 2048).paths_of(slice(0, 1)) != ALL_PATHS
+        assert draw(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], counters[one],
+                    3).item() == batched[row].item()
+
+
+def test_a_rows_parameters_are_read_as_float32_on_host_and_device_alike():
+    """A temperature float32 rounds to 0 is greedy (the argmax, and no sampling path for it on the host); a top-p it
+    rounds to 1 is off; a top-k past the vocabulary keeps every id. Each row's paths are its own."""
+    warpers = RowWarpers(4, 2048, "cpu")
+    warpers.set_row(0, 1e-50, 50, 1.0)
+    warpers.set_row(1, 0.9, 50, 0.999999999)
+    warpers.set_row(2, 0.9, 5000, 0.5)
+    warpers.set_row(3, 0.9, 0, 1.0)
+    assert [warpers.paths_of(slice(row, row + 1)) for row in range(4)] == [GREEDY, CANDIDATES_ONLY, SORTED_ONLY,
+                                                                           SORTED_ONLY]
+    rows = warpers.rows(slice(0, 4))
+    assert rows.divisor[:, 0].tolist() == [1.0] + [torch.tensor(0.9).item()] * 3
+    assert rows.top_p[1].item() == math.inf and rows.kth[2].item() == 2047 and rows.kth[3].item() == 2047
+    logits = torch.randn(1, 2048, generator=torch.Generator().manual_seed(3))
+    key = noise_keys(torch.tensor([5]), torch.tensor([0]))[:, 1]
+    assert warp_and_sample(logits, warpers.rows(slice(0, 1)), key, ALL_PATHS).item() == logits.argmax().item()
 
 
 def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
@@ -148,6 +181,15 @@ def test_noise_is_exponential_and_a_function_of_seed_counter_and_stream():
     many = exponential_noise(torch.arange(64), torch.zeros(64, dtype=torch.long), 0, 4096)
     assert abs(many.mean().item() - 1.0) < 0.02 and abs(many.std().item() - 1.0) < 0.03  # Exp(1): mean = std = 1
     assert (many > 0).all() and torch.isfinite(many).all()
+
+
+def test_noise_keys_and_id_hashes_are_pinned():
+    """A seeded request draws the same noise on every revision and machine (integer arithmetic, exact anywhere):
+    the values of revision 1491c82."""
+    keys = noise_keys(torch.tensor([0, 7, 2 ** 62 + 5]), torch.tensor([0, 3, 1000]))
+    assert keys[:, [0, 1, 15]].tolist() == [[0, 1461123477, 2635596729], [3678609685, 4072529239, 1783278900],
+                                            [3480379525, 2917715232, 2452525159]]
+    assert hash_ids(torch.tensor([0, 1, 2047, 3071])).tolist() == [0, 2654435769, 496389703, 4219286087]
 
 
 # seed 2124's talker draw at token 0 has all 24 noise bits set for vocab id 2518, a suppressed id (found by search):
@@ -165,8 +207,8 @@ def test_noise_is_positive_where_all_its_bits_are_set():
 def test_a_suppressed_id_is_never_sampled(top_k):
     params = [resolve_sampling(SamplingParams(temperature=1.0, top_k=top_k, seed=TOP_BITS_SEED), GEN)]
     sampler = one_row_sampler(params[0])
-    ids = sampler.sample_talker(torch.randn(1, 3072, generator=torch.Generator().manual_seed(0)), slice(0, 1))
-    assert ids.item() < 2048 or ids.item() == 2150
+    c0 = sample_c0(sampler, torch.randn(1, 3072, generator=torch.Generator().manual_seed(0)))
+    assert c0 < 2048 or c0 == 2150
 
 
 def test_token_limit_rule():

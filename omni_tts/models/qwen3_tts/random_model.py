@@ -67,8 +67,8 @@ _DECODER = {
     "small": dict(codebook_dim=128, latent_dim=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72, decoder_dim=256),
     # vocoder cost grows with decoder_dim² (convolutions) and decoder_dim (activations). At 448 one request's
-    # decoding costs more CPU per frame than the talker's share of a 16-row step (9.4 vs 7.2 ms on one thread,
-    # docs/benchmarks.md): at serving concurrency the decoder, not the talker, is the bottleneck
+    # decoding costs more CPU per frame than the talker's share of a 16-row step (docs/benchmarks.md, "The `medium`
+    # preset"): at serving concurrency the decoder, not the talker, is the bottleneck
     "medium": dict(codebook_dim=128, latent_dim=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72, decoder_dim=448),
     "0.6b": _REAL_DECODER, "1.7b": _REAL_DECODER,

@@ -4,15 +4,15 @@ Talker order: repetition penalty (generated c0 ids only) → min-new-tokens → 
 → top-p → sample (argmax when greedy). The code predictor uses only temperature / top-k / top-p.
 Noise is a function of (request seed, token index, vocab id), so a batch's composition never changes a seeded
 request's output. A row with a small top-k (the checkpoints' default is 50) samples among its `CANDIDATES` best ids
-(one `topk`) instead of sorting the whole vocabulary twice, which cost more than the model at batch 16 on a CPU; which
-path a row takes depends on its own top-k only, so batching still never changes its draw.
+(one `topk`) instead of sorting the whole vocabulary twice (the sorts cost more than the model on a CPU); which path
+a row takes depends on its own top-k only, so batching still never changes its draw. What a draw reads of a row's
+parameters is derived once, when the request joins (`RowWarpers.set_row`): a step only slices rows.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Callable
+import functools
+import operator
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -20,8 +20,6 @@ import torch
 from .sampling_params import MIN_NEW_TOKENS, ResolvedSampling, SamplingParams, resolve_sampling  # noqa: F401
 
 CANDIDATES = 64              # a top-k up to this samples among the row's `topk` candidates, not a sorted vocabulary
-
-
 STREAMS = 16                 # draws per token index: stream 0 is the talker's c0, stream j codebook j
 
 _MASK32 = 0xFFFFFFFF
@@ -77,85 +75,85 @@ def _noise(keys: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class VocabTables:
-    """A vocabulary's sampling constants, made once: a captured step replays no kernel that remakes them."""
-    hashes: torch.Tensor   # [V] hash_ids of every vocab id: the noise input of an id on either path
-    ranks: torch.Tensor    # [1, min(CANDIDATES, V)] 0, 1, ...: a candidate's rank, best first
-
-    @staticmethod
-    def of(vocab: int, device: torch.device | str) -> "VocabTables":
-        ids = torch.arange(vocab, device=device)
-        return VocabTables(hash_ids(ids), ids[None, :CANDIDATES].clone())
-
-
-class Warpers:
-    """B rows' temperature / top-k / top-p ([B] each) over one vocabulary, and what every draw derives from them
-    alone: made at the first draw that needs them and shared by the rest (the code predictor draws 15 times per
-    step with the same rows)."""
-
-    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 tables: VocabTables) -> None:
-        self.temperature, self.top_k, self.top_p, self.tables = temperature, top_k, top_p, tables
-
-    @cached_property
-    def sampled(self) -> torch.Tensor:
-        """[B] the row samples (temperature > 0); the others take the argmax."""
-        return self.temperature > 0
-
-    @cached_property
-    def divisor(self) -> torch.Tensor:
-        """[B, 1] a sampled row's temperature, 1 for a greedy row."""
-        return torch.where(self.sampled, self.temperature, torch.ones_like(self.temperature))[:, None]
-
-    @cached_property
-    def by_candidates(self) -> torch.Tensor:
-        """[B] the row samples among its candidates (0 < top_k <= CANDIDATES)."""
-        return self.sampled & (self.top_k > 0) & (self.top_k <= CANDIDATES)
-
-    @cached_property
-    def by_sorted(self) -> torch.Tensor:
-        """[B] the row samples over the sorted vocabulary (top-k off or larger)."""
-        return self.sampled & ~self.by_candidates
-
-    @cached_property
-    def kth(self) -> torch.Tensor:
-        """[B, 1] the index of the row's k-th best score in the sorted vocabulary (top-k 0 or >= V: the last)."""
-        vocab = self.tables.hashes.shape[0]
-        k = torch.where((self.top_k > 0) & (self.top_k < vocab), self.top_k, torch.full_like(self.top_k, vocab))
-        return (k - 1)[:, None]
-
-    @cached_property
-    def tail_mass(self) -> torch.Tensor:
-        """[B, 1] 1 - top_p: the low tail top-p drops has at most this mass."""
-        return (1 - self.top_p)[:, None]
-
-    @cached_property
-    def beyond_k(self) -> torch.Tensor:
-        """[B, min(CANDIDATES, V)] the candidate's rank is past the row's top-k."""
-        return self.tables.ranks >= self.top_k[:, None]
-
-    @cached_property
-    def cuts_tail(self) -> torch.Tensor:
-        """[B, 1] top-p is on (< 1)."""
-        return (self.top_p < 1)[:, None]
-
-
-@dataclass(frozen=True)
 class SamplingPaths:
-    """Which sampling paths a batch runs, known on the host from its rows' parameters (no device sync)."""
+    """Which sampling paths a draw runs, known on the host (no device sync): `|` of its rows' own paths."""
     candidates: bool   # some sampled row has 0 < top_k <= CANDIDATES
     full: bool         # some sampled row has top-k off or larger
 
-    @staticmethod
-    def of(temperatures: Sequence[float], top_ks: Sequence[int]) -> "SamplingPaths":
-        short = [0 < k <= CANDIDATES for t, k in zip(temperatures, top_ks) if t > 0]
-        return SamplingPaths(any(short), not all(short))
+    def __or__(self, other: SamplingPaths) -> SamplingPaths:
+        return SamplingPaths(self.candidates or other.candidates, self.full or other.full)
 
 
 GREEDY = SamplingPaths(False, False)
 CANDIDATES_ONLY = SamplingPaths(True, False)   # the common static step: every sampled row keeps a small top-k
+SORTED_ONLY = SamplingPaths(False, True)
 ALL_PATHS = SamplingPaths(True, True)
 STATIC_PATHS = (ALL_PATHS, CANDIDATES_ONLY)    # the path sets of a static-shape step (one graph each)
+
+
+@dataclass(frozen=True)
+class Warpers:
+    """Rows' temperature / top-k / top-p over one vocabulary, in the forms the draws read (`RowWarpers.rows`)."""
+    divisor: torch.Tensor        # [B, 1] the temperature; 1 for a greedy row (temperature 0), which takes the argmax
+    by_candidates: torch.Tensor  # [B] the row samples among its candidates (0 < top_k <= CANDIDATES)
+    by_sorted: torch.Tensor      # [B] the row samples over the sorted vocabulary (top-k off or larger)
+    kth: torch.Tensor            # [B, 1] index of its k-th best score in the sorted vocabulary (top-k off: the last)
+    tail_mass: torch.Tensor      # [B, 1] 1 - top_p: the low tail top-p drops has at most this mass
+    beyond_k: torch.Tensor       # [B, min(CANDIDATES, V)] the candidate's rank is past the row's top-k
+    top_p: torch.Tensor          # [B, 1] top_p; inf where it is 1 (off: no rounding of the cumsum cuts a candidate)
+    hashes: torch.Tensor         # [V] hash_ids of every vocab id: an id's noise input on either path (not per row)
+
+
+_ROW_FIELDS = [f.name for f in fields(Warpers) if f.name != "hashes"]
+
+
+class RowWarpers:
+    """The `Warpers` of `capacity` rows over a vocabulary of `vocab` ids, set when a request joins (`set_row`), moved
+    when the engine compacts (`move_row`), sliced by a step (`rows`: views, no kernel, so a captured step replays
+    none of this), and each row's sampling paths on the host."""
+
+    def __init__(self, capacity: int, vocab: int, device: torch.device | str) -> None:
+        self.vocab, self.num_candidates = vocab, min(CANDIDATES, vocab)
+        ids = torch.arange(vocab, device=device)
+        self.ranks = ids[:self.num_candidates]   # a candidate's rank, best first
+
+        def column(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(capacity, *shape, dtype=dtype, device=device)
+        self.table = Warpers(divisor=column(1), by_candidates=column(dtype=torch.bool),
+                             by_sorted=column(dtype=torch.bool), kth=column(1, dtype=torch.long),
+                             tail_mass=column(1), beyond_k=column(self.num_candidates, dtype=torch.bool),
+                             top_p=column(1), hashes=hash_ids(ids))
+        self.paths = [GREEDY] * capacity
+        for row in range(capacity):   # a free row a static step pads with draws greedily (and is thrown away)
+            self.set_row(row, 0.0, 0, 1.0)
+
+    def set_row(self, row: int, temperature: float, top_k: int, top_p: float) -> None:
+        # derived in float32, as the draws compare them, and written as Python numbers that float32 holds exactly
+        # (a fill, no host→device copy)
+        temperature32, top_p32 = (torch.tensor(x, dtype=torch.float32) for x in (temperature, top_p))
+        sampled = bool(temperature32 > 0)
+        by_candidates = sampled and 0 < top_k <= CANDIDATES
+        values = dict(divisor=float(temperature32) if sampled else 1.0, by_candidates=by_candidates,
+                      by_sorted=sampled and not by_candidates,
+                      kth=(top_k if 0 < top_k < self.vocab else self.vocab) - 1, tail_mass=float(1 - top_p32),
+                      top_p=float(top_p32) if top_p32 < 1 else float("inf"))
+        for name, value in values.items():
+            getattr(self.table, name)[row] = value
+        self.table.beyond_k[row] = self.ranks >= top_k
+        self.paths[row] = CANDIDATES_ONLY if by_candidates else SORTED_ONLY if sampled else GREEDY
+
+    def move_row(self, src: int, dst: int) -> None:
+        for name in _ROW_FIELDS:
+            column = getattr(self.table, name)
+            column[dst] = column[src]
+        self.paths[dst] = self.paths[src]
+
+    def rows(self, rows: slice) -> Warpers:
+        return Warpers(**{name: getattr(self.table, name)[rows] for name in _ROW_FIELDS}, hashes=self.table.hashes)
+
+    def paths_of(self, rows: slice) -> SamplingPaths:
+        """The paths a draw over `rows` needs (a greedy row: none; a row runs only its own path)."""
+        return functools.reduce(operator.or_, self.paths[rows], GREEDY)
 
 
 def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, paths: SamplingPaths
@@ -163,9 +161,9 @@ def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, 
     """logits: [B, V] already penalised/suppressed; warpers: the rows' parameters over this vocabulary; keys: [B]
     the rows' noise keys for this draw (a `noise_keys` column). Returns ids [B].
 
-    Rows with temperature 0 take the argmax; `paths` skips the work no row needs (GREEDY: all rows greedy). Sampling
-    uses the exponential race (argmax p/q with q ~ Exp(1)), which is exactly categorical sampling and needs no host
-    sync."""
+    Rows with temperature 0 take the argmax; `paths` skips the work no row needs (GREEDY: all rows greedy), and
+    running a path a row does not take leaves its draw unchanged. Sampling is the exponential race (argmax p/q with
+    q ~ Exp(1)), which is exactly categorical sampling and needs no host sync."""
     ids = logits.argmax(dim=-1)
     if paths == GREEDY:
         return ids
@@ -190,7 +188,7 @@ def _sample_sorted(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -
     # order is a permutation: the scatter writes every cell, so the target needs no zeros first
     remove = torch.empty_like(remove_sorted).scatter_(1, order, remove_sorted)
     probs = scores.masked_fill(remove, float("-inf")).softmax(dim=-1)
-    return (probs / _noise(keys, warpers.tables.hashes[None])).argmax(dim=-1)
+    return (probs / _noise(keys, warpers.hashes[None])).argmax(dim=-1)
 
 
 def _sample_candidates(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -> torch.Tensor:
@@ -200,28 +198,25 @@ def _sample_candidates(scores: torch.Tensor, warpers: Warpers, keys: torch.Tenso
     values, ids = scores.topk(warpers.beyond_k.shape[-1], dim=-1)                      # best first
     probs = values.masked_fill(warpers.beyond_k, float("-inf")).softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
-    probs = probs.masked_fill((before >= warpers.top_p[:, None]) & warpers.cuts_tail, 0.0)
-    pick = (probs / _noise(keys, warpers.tables.hashes[ids])).argmax(dim=-1)
+    probs = probs.masked_fill(before >= warpers.top_p, 0.0)
+    pick = (probs / _noise(keys, warpers.hashes[ids])).argmax(dim=-1)
     return ids.gather(1, pick[:, None])[:, 0]
 
 
 class BatchSampler:
-    """Per-row sampling state for up to `capacity` requests, rows 0..B-1 active: parameters and seeds as device
-    tensors and the codebook-0 ids each row has generated (for the repetition penalty).
+    """Per-row sampling state for up to `capacity` requests, rows 0..B-1 active: the talker's and the code
+    predictor's warpers, the repetition penalty, seeds, and the codebook-0 ids each row has generated (for the
+    penalty and min-new-tokens). The runner calls it: `sample_talker` for c0, `warp_and_sample` over
+    `codebooks.rows(...)` for codebooks 1..15.
 
     Rows are slots: `set_row` when a request joins, `move_row` when the engine compacts after one leaves."""
 
-    _COLUMNS = {"temperature": torch.float32, "top_k": torch.long, "top_p": torch.float32,
-                "repetition_penalty": torch.float32, "subtalker_temperature": torch.float32,
-                "subtalker_top_k": torch.long, "subtalker_top_p": torch.float32}
-
     def __init__(self, capacity: int, talker_vocab: int, audio_vocab: int, eos_id: int,
                  device: torch.device | str) -> None:
-        self.device = torch.device(device)
-        self.columns = {name: torch.zeros(capacity, dtype=dtype, device=device) for name, dtype in self._COLUMNS.items()}
+        self.talker = RowWarpers(capacity, talker_vocab, device)
+        self.codebooks = RowWarpers(capacity, audio_vocab, device)
+        self.repetition_penalty = torch.ones(capacity, 1, device=device)
         self.seeds = torch.zeros(capacity, dtype=torch.long, device=device)
-        self.host_params: list[ResolvedSampling | None] = [None] * capacity   # picks the sampling paths, no sync
-        self.eos_id = eos_id
         self.seen = torch.zeros(capacity, talker_vocab, dtype=torch.bool, device=device)
         self.num_generated = torch.zeros(capacity, dtype=torch.long, device=device)
         suppressed = torch.zeros(talker_vocab, dtype=torch.bool, device=device)
@@ -229,70 +224,48 @@ class BatchSampler:
         suppressed[eos_id] = False
         self.suppressed = suppressed
         self.eos_column = torch.arange(talker_vocab, device=device) == eos_id
-        self.talker_tables = VocabTables.of(talker_vocab, device)
-        self.codebook_tables = VocabTables.of(audio_vocab, device)
 
     def set_row(self, row: int, params: ResolvedSampling) -> None:
-        for name, column in self.columns.items():
-            column[row] = getattr(params, name)
+        self.talker.set_row(row, params.temperature, params.top_k, params.top_p)
+        self.codebooks.set_row(row, params.subtalker_temperature, params.subtalker_top_k, params.subtalker_top_p)
+        self.repetition_penalty[row] = params.repetition_penalty
         self.seeds[row] = params.seed
-        self.host_params[row] = params
         self.seen[row] = False
         self.num_generated[row] = 0
 
     def move_row(self, src: int, dst: int) -> None:
-        for column in list(self.columns.values()) + [self.seen, self.num_generated, self.seeds]:
+        self.talker.move_row(src, dst)
+        self.codebooks.move_row(src, dst)
+        for column in (self.repetition_penalty, self.seeds, self.seen, self.num_generated):
             column[dst] = column[src]
-        self.host_params[dst] = self.host_params[src]
 
     def noise_keys(self, rows: slice) -> torch.Tensor:
         """[B, STREAMS] the keys of `rows`' draws at their current token index: the next c0's (stream 0) and, since
-        the code predictor's token index is the row's c0 count (this frame's c0 included), its codebooks'."""
+        the code predictor's token index is the row's c0 count (this frame's c0 included), codebook j's (stream j)."""
         return noise_keys(self.seeds[rows], self.num_generated[rows])
 
+    def paths(self, rows: slice) -> tuple[SamplingPaths, SamplingPaths]:
+        """(the talker's, the code predictor's) paths that `rows` need: what an eager step runs."""
+        return self.talker.paths_of(rows), self.codebooks.paths_of(rows)
+
     def static_paths(self, rows: slice) -> SamplingPaths:
-        """The path set (of STATIC_PATHS) a static-shape step over `rows` runs: CANDIDATES_ONLY unless a row's
-        talker or code-predictor draw needs the sorted vocabulary. From the host-side parameters, no sync."""
-        full = self._paths(rows, subtalker=False).full or self._paths(rows, subtalker=True).full
-        return ALL_PATHS if full else CANDIDATES_ONLY
+        """The path set (of STATIC_PATHS) a static-shape step over `rows` runs for all its draws: CANDIDATES_ONLY
+        unless a row's talker or code-predictor draw needs the sorted vocabulary."""
+        talker, codebooks = self.paths(rows)
+        return ALL_PATHS if talker.full or codebooks.full else CANDIDATES_ONLY
 
-    def _paths(self, rows: slice, subtalker: bool) -> SamplingPaths:
-        params = [p for p in self.host_params[rows] if p is not None]   # a free row's draw is thrown away
-        if subtalker:
-            return SamplingPaths.of([p.subtalker_temperature for p in params], [p.subtalker_top_k for p in params])
-        return SamplingPaths.of([p.temperature for p in params], [p.top_k for p in params])
-
-    def sample_talker(self, logits: torch.Tensor, rows: slice, paths: SamplingPaths | None = None,
-                      keys: torch.Tensor | None = None) -> torch.Tensor:
+    def sample_talker(self, logits: torch.Tensor, rows: slice, keys: torch.Tensor, paths: SamplingPaths
+                      ) -> torch.Tensor:
         """logits: [B, talker_vocab] for `rows` (B rows) → c0 ids [B] (audio code or EOS), recorded as generated.
-        paths: what a static-shape step runs whatever the rows ask (greedy rows still take the argmax); None: only
-        what the rows need. keys: the step's `noise_keys(rows)` when the caller made them already."""
-        c = self.columns
+        keys: [B] the rows' stream-0 noise keys; paths: what the draw runs (greedy rows take the argmax whatever
+        it is)."""
         logits = logits.float()
-        penalty = c["repetition_penalty"][rows, None]
+        penalty = self.repetition_penalty[rows]
         penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits = torch.where(self.seen[rows], penalised, logits)
-        num_generated = self.num_generated[rows]
-        too_early = (num_generated < MIN_NEW_TOKENS)[:, None] & self.eos_column
+        too_early = (self.num_generated[rows] < MIN_NEW_TOKENS)[:, None] & self.eos_column
         logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
-        warpers = Warpers(c["temperature"][rows], c["top_k"][rows], c["top_p"][rows], self.talker_tables)
-        keys = self.noise_keys(rows) if keys is None else keys
-        paths = self._paths(rows, subtalker=False) if paths is None else paths
-        ids = warp_and_sample(logits, warpers, keys[:, 0], paths)
+        ids = warp_and_sample(logits, self.talker.rows(rows), keys, paths)
         self.seen[rows].scatter_(1, ids[:, None], True)
         self.num_generated[rows] += 1
         return ids
-
-    def codebook_sampler(self, rows: slice, paths: SamplingPaths | None = None, keys: torch.Tensor | None = None
-                         ) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The code predictor's draw for codebook j+1 over `rows`: (logits [B, 2048], j) → ids [B], at stream j+1
-        of the rows' keys (so no draw shares (counter, stream) with another). paths and keys as in sample_talker."""
-        c = self.columns
-        warpers = Warpers(c["subtalker_temperature"][rows], c["subtalker_top_k"][rows], c["subtalker_top_p"][rows],
-                          self.codebook_tables)
-        keys = self.noise_keys(rows) if keys is None else keys
-        paths = self._paths(rows, subtalker=True) if paths is None else paths
-
-        def sample(logits: torch.Tensor, j: int) -> torch.Tensor:
-            return warp_and_sample(logits, warpers, keys[:, j + 1], paths)
-        return sample

@@ -4,7 +4,7 @@ Module names follow the checkpoint's `talker.*` keys so weights load by name.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,7 +44,18 @@ class CodePredictorBackbone(DecoderStack):
                                              for _ in range(cfg.num_code_groups - 1))
 
 
+@dataclass(frozen=True)
+class FramePositions:
+    """The code predictor's RoPE (cos, sin: [1, 1, S, D]) and causal mask ([1, 1, S, S]) over its S slots."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    causal: torch.Tensor
+
+
 class CodePredictor(nn.Module):
+    """Codebooks 1..15 of a frame, one `decode_step` each over a fresh cache; the caller draws each codebook's id
+    and feeds it back (`embed_codebook`)."""
+
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         cp = cfg.code_predictor
@@ -59,47 +70,43 @@ class CodePredictor(nn.Module):
     @torch.inference_mode()
     def fold_embedding_projections(self) -> None:
         """Each codebook's embedding followed by small_to_mtp_projection, as one table [vocab, cp hidden]: a frame's
-        14 projections of one embedding row each become lookups (1.7B, CPU: 104 → 2 µs per codebook at 1 row, 1.4
-        → 0.01 ms at 32; docs/benchmarks.md). Only where the widths differ (1.7B; the 0.6B's projection is the
-        identity). A table row is the projection of that row computed among all the vocabulary's rows, which can
-        differ from the same row projected alone in the last bits; the goldens hold either way (tests)."""
+        14 projections of one embedding row each become lookups (docs/benchmarks.md, "Per-codebook embedding tables").
+        Only where the widths differ (1.7B; the 0.6B's projection is the identity). A table row is the projection of
+        that row computed among all the vocabulary's rows, which can differ from the same row projected alone in the
+        last bits; the goldens hold either way (tests)."""
         if isinstance(self.small_to_mtp_projection, nn.Identity):
             return
         # codebooks 1..14 feed the next step; the 15th's embedding is only summed into the talker's next input
         self.projected_embeddings = [self.small_to_mtp_projection(embedding.weight)
                                      for embedding in self.model.codec_embedding[:-1]]
 
-    def predict(self, hidden: torch.Tensor, c0_embed: torch.Tensor, cache: KVCache,
-                sample: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
-        """Codebooks 1..15 of one frame for every row, batched.
+    def frame_positions(self, device: torch.device | str, dtype: torch.dtype) -> FramePositions:
+        """RoPE and causal mask of positions 0..num_code_groups-1: every row of every frame sits at them over a
+        fresh cache, so they are made once, not per frame."""
+        positions = torch.arange(self.num_code_groups, device=device)
+        cos, sin = rope_cos_sin(positions[None], self.model.cfg.head_dim, self.model.cfg.rope_theta, dtype)
+        return FramePositions(cos, sin, (positions[None, :] <= positions[:, None])[None, None])
 
-        hidden: [B, H] talker post-norm hidden that produced c0; c0_embed: [B, H] = C(c0).
-        cache: a KVCache of >= num_code_groups slots for B rows (overwritten: the CP starts fresh every frame).
-        sample(logits [B, V], j) -> [B] ids for codebook j+1. Returns [B, 15] ids.
-        """
-        device = hidden.device
-        x = self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
-        # every row sits at the same positions 0..15 over a fresh cache: RoPE and the causal mask are computed
-        # once per frame and sliced per codebook, not rebuilt 15 times
-        num_slots = self.num_code_groups
-        positions = torch.arange(num_slots, device=device)
-        cos, sin = rope_cos_sin(positions[None], self.model.cfg.head_dim, self.model.cfg.rope_theta, x.dtype)
-        causal = (positions[None, :] <= positions[:, None])[None, None]                     # [1, 1, S, S]
-        codes = []
-        start = 0
-        for j in range(self.num_code_groups - 1):
-            end = start + x.shape[1]
-            h = self.model.run_layers(x, None, cache, start, causal[:, :, start:end, :end],
-                                      rope=(cos[:, :, start:end], sin[:, :, start:end]))
-            ids = sample(self.lm_head[j](h[:, -1]), j)
-            codes.append(ids)
-            start = end
-            if j + 1 < self.num_code_groups - 1:
-                if self.projected_embeddings is not None:
-                    x = self.projected_embeddings[j][ids][:, None]
-                else:
-                    x = self.small_to_mtp_projection(self.model.codec_embedding[j](ids))[:, None]
-        return torch.stack(codes, dim=1)
+    def frame_inputs(self, hidden: torch.Tensor, c0_embed: torch.Tensor) -> torch.Tensor:
+        """The first step's inputs: hidden [B, H] (the talker's post-norm hidden that produced c0) and
+        c0_embed [B, H] = C(c0) → [B, 2, cp hidden]."""
+        return self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
+
+    def decode_step(self, x: torch.Tensor, codebook: int, cache: KVCache, positions: FramePositions) -> torch.Tensor:
+        """Codebook `codebook`'s (1..15) logits [B, V] for every row. x: [B, L, cp hidden] the inputs not yet run,
+        at slots codebook+1-L..codebook: `frame_inputs` (L = 2) for codebook 1, then the previous codebook's
+        `embed_codebook` (L = 1). cache: >= num_code_groups slots for B rows, overwritten each frame."""
+        end = codebook + 1
+        start = end - x.shape[1]
+        h = self.model.run_layers(x, None, cache, start, positions.causal[:, :, start:end, :end],
+                                  rope=(positions.cos[:, :, start:end], positions.sin[:, :, start:end]))
+        return self.lm_head[codebook - 1](h[:, -1])
+
+    def embed_codebook(self, ids: torch.Tensor, codebook: int) -> torch.Tensor:
+        """Codebook `codebook`'s ids [B] (1..14) as the next step's input [B, 1, cp hidden]."""
+        if self.projected_embeddings is not None:
+            return self.projected_embeddings[codebook - 1][ids][:, None]
+        return self.small_to_mtp_projection(self.model.codec_embedding[codebook - 1](ids))[:, None]
 
     def embed_rest(self, codes_rest: torch.Tensor) -> torch.Tensor:
         """Σ_j E_j(c_{j+1}) in talker width. codes_rest: [..., 15] → [..., H]."""
