@@ -113,7 +113,8 @@ def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, 
 
 def _take_batch(pending: collections.deque[AlignSpan], max_size: int) -> list[AlignSpan]:
     """The oldest span and, up to `max_size`, the waiting ones of about its length: a batch is padded to its
-    longest prompt, so mixing a long clip with short ones costs more than aligning them apart (measured: docs/benchmarks.md)."""
+    longest prompt, so mixing a long clip with short ones costs more than aligning them apart (measured:
+    docs/benchmarks.md)."""
     first = pending.popleft()
     batch, rest = [first], collections.deque()
     while pending:
