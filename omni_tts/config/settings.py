@@ -1,7 +1,7 @@
 """The server's and the narrator's settings, one dataclass per concern, each default, help and bound stated once:
 `omni-tts serve`'s, `serve-ray`'s and `narrate`'s options are made from them (options.py), the API server's config
-is `ApiSettings` (entrypoints/api/server_config.py), and the orchestrator's defaults read them. Torch-free, so every layer
-may import them."""
+is `ApiSettings` (entrypoints/api/server_config.py), and the orchestrator's defaults read them. Torch-free, so
+every layer may import them."""
 from __future__ import annotations
 
 from dataclasses import dataclass

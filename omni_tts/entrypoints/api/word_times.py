@@ -1,5 +1,6 @@
 """Word timestamps of a response's audio: the forced-aligner stage asked once per finished span (the whole
-audio, a sentence or a narration segment), its times made absolute and kept within the audio, and the shapes each transport sends them in.
+audio, a sentence or a narration segment), its times made absolute and kept within the audio, and the shapes each
+transport sends them in.
 
 A span that gets no times (no aligner process, a restart, a timeout, a failure) is `words=None` with the reason:
 the audio is never held back for them (vllm-omni's contract: `timestamps: null` = the aligner failed, `[]` = no

@@ -148,7 +148,8 @@ def forced_aligner(args: argparse.Namespace, tts: AsyncTTS) -> AlignerClient | N
 
 
 def forced_aligner_dir(args: argparse.Namespace) -> str | None:
-    """--forced-aligner's checkpoint directory: checked to be an aligner; the embedded one by default without --model."""
+    """--forced-aligner's checkpoint directory, checked to be an aligner; the embedded one by default without
+    --model."""
     from omni_tts.models.qwen3_forced_aligner.checkpoint_config import AlignerConfig
     from omni_tts.models.qwen3_forced_aligner.random_model import default_aligner_dir
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir

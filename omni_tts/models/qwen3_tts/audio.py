@@ -25,10 +25,10 @@ _READ_FRAMES = 1 << 16   # frames decoded per block
 def load_audio(source: AudioSource, max_samples: int | None = None) -> tuple[np.ndarray, int]:
     """Decode a file path or in-memory audio file (wav, flac, ogg, … — whatever libsndfile reads).
 
-    Returns `(mono float32 samples, sample rate)`. `max_samples` stops decoding after that many samples (per channel), whatever the
-    header claims (compressed formats may not know their length, or lie about it). Raises `ValueError` for audio
-    that cannot be decoded (the message carries libsndfile's text: log it, do not show it to clients), is empty, or
-    holds non-finite samples; `FileNotFoundError` for a missing path.
+    Returns `(mono float32 samples, sample rate)`. `max_samples` stops decoding after that many samples (per
+    channel), whatever the header claims (compressed formats may not know their length, or lie about it). Raises
+    `ValueError` for audio that cannot be decoded (the message carries libsndfile's text: log it, do not show it to
+    clients), is empty, or holds non-finite samples; `FileNotFoundError` for a missing path.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
