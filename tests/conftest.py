@@ -38,6 +38,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# One server per checkpoint for the whole run, for every test that needs no flags of its own: a start costs seconds
+# (a process, two stage processes, a model load), and a test that needs a fresh or differently configured server
+# starts its own. Tests on these servers leave them as they found them, or make their changes under names of their own.
+@pytest.fixture(scope="session")
+def cv_server():
+    """`omni-tts serve` of tiny-custom-voice, served as server_util.MODEL."""
+    from server_util import MODEL, ServerProcess
+
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_server(tmp_path_factory):
+    """`omni-tts serve` of tiny-base with a voices dir (`.voices_dir`) and the fixtures as allowed local media."""
+    from server_util import MODEL, ServerProcess
+
+    voices_dir = tmp_path_factory.mktemp("voices")
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
+    server.voices_dir = voices_dir
+    yield server
+    server.stop()
+
+
 def load_component(module_factory, checkpoint_dir, prefix: str):
     """Build a model component on the meta device and load its `prefix*` tensors strictly, in fp32 on the CPU."""
     from omni_tts.models.qwen3_tts.weights import load_strict, read_tensors, safetensors_files

@@ -14,6 +14,9 @@ import urllib.request
 from waiting import eventually
 
 
+MODEL = "qwen3-tts"  # the name the shared servers (conftest's cv_server and base_server) serve their model as
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

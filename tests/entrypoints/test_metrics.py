@@ -13,9 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import FIXTURES
 from omni_tts.entrypoints.metrics import StageCollector
 from omni_tts.stages.protocol import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
-from server_util import ServerProcess, app_in_process
+from server_util import MODEL, app_in_process
 
-MODEL = "metrics-model"
 NAME = re.compile(r"omni_tts_[a-z0-9_]+")
 # words that make a name a measure of time, which Prometheus wants in base units with the unit as suffix
 TIME_WORDS = {"latency", "duration", "ttfp", "ttft", "seconds", "timeout", "delay", "elapsed", "wait", "uptime"}
@@ -103,22 +102,15 @@ def value(families: dict, name: str, suffix: str = "", **labels) -> float:
                if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-@pytest.fixture(scope="module")
-def server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
-
-
-def test_metrics_follow_prometheus_naming(server):
+def test_metrics_follow_prometheus_naming(cv_server):
     ok = dict(model=MODEL, input="Metrics.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=12)
-    assert post(server, ok) == 200
-    assert post(server, dict(ok, stream_format="audio")) == 200
-    assert post(server, dict(ok, model="tts-1", voice="alloy")) == 200
-    assert post(server, data=b"{nope") == 400
-    assert post(server, dict(ok, model="no-such-model")) == 404
-    assert post(server, dict(ok, voice="nobody")) == 400
-    metrics = scrape(server)
+    assert post(cv_server, ok) == 200
+    assert post(cv_server, dict(ok, stream_format="audio")) == 200
+    assert post(cv_server, dict(ok, model="tts-1", voice="alloy")) == 200
+    assert post(cv_server, data=b"{nope") == 400
+    assert post(cv_server, dict(ok, model="no-such-model")) == 404
+    assert post(cv_server, dict(ok, voice="nobody")) == 400
+    metrics = scrape(cv_server)
     assert naming_problems(metrics["text"]) == []
     kinds = {name: family.type for name, family in metrics["families"].items()}
     assert kinds == {
@@ -132,12 +124,12 @@ def test_metrics_follow_prometheus_naming(server):
         "omni_tts_narration_segments": "counter"}
 
 
-def test_histograms_count_what_they_summarise(server):
+def test_histograms_count_what_they_summarise(cv_server):
     ok = dict(model=MODEL, input="Counted.", voice="vivian", response_format="pcm", temperature=0, max_new_tokens=12)
-    before = scrape(server)["families"]
+    before = scrape(cv_server)["families"]
     for _ in range(2):
-        assert post(server, ok) == 200
-    after = scrape(server)["families"]
+        assert post(cv_server, ok) == 200
+    after = scrape(cv_server)["families"]
 
     def grew(name, suffix="", **labels):
         return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)

@@ -24,10 +24,9 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from openai.types.audio import Voice, VoiceDeleted
-from server_util import ServerProcess, free_port, request, stage_pids
+from server_util import MODEL, ServerProcess, free_port, request, stage_pids
 from waiting import eventually, eventually_async
 
-MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 REF_WAV = FIXTURES / "ref_voice.wav"
 REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
@@ -75,23 +74,6 @@ def parse_sse(body):
         if data:
             events.append(json.loads("".join(data)))
     return events
-
-
-@pytest.fixture(scope="module")
-def cv_server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def base_server(tmp_path_factory):
-    voices_dir = tmp_path_factory.mktemp("voices")
-    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
-                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
-    server.voices_dir = voices_dir
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
