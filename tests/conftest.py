@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytest_asyncio
 import torch
 from safetensors.numpy import load_file
 
@@ -14,15 +15,10 @@ GOLDEN_CASES = [c for c in MANIFEST["cases"] if c.get("params")]
 RUNS_TO_ITS_LIMIT = "The quick brown fox jumps over the lazy dog."
 
 torch.set_grad_enabled(False)
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Many small decoder calls: one torch thread is faster than two on a shared 2-core box."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# The tiny models' many small ops gain nothing from a second thread, and waiting threads spin: with stage processes
+# or a neighbour on the same cores (or two hyperthreads of one core) that is minutes. Measured on 2 cores: 1 thread
+# runs test_engines + test_code2wav_runner in 14 s against 17 s with 2, on half the CPU time.
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
@@ -62,6 +58,20 @@ def base_server(tmp_path_factory):
     server.voices_dir = voices_dir
     yield server
     server.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def app():
+    """The app `omni-tts serve` runs, in this process on the session's event loop (tiny-custom-voice served as "m",
+    real stage processes): (url, ServerState), for the tests that look at the server's state between its steps (they
+    run on that loop: `@pytest.mark.asyncio(loop_scope="session")`). Streams idle for 60 s; narrations 2 segments
+    ahead."""
+    from server_util import app_in_process
+    from waiting import SHARED_PIPELINE
+
+    async with app_in_process(str(FIXTURES / "tiny-custom-voice"), SHARED_PIPELINE, stream_idle_timeout=60,
+                              narration_window=2) as served:
+        yield served
 
 
 def load_component(module_factory, checkpoint_dir, prefix: str):

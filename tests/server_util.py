@@ -102,9 +102,9 @@ def stage_pids(server_pid: int) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def app_in_process(model_dir: str, **config):
+async def app_in_process(model_dir: str, engine_options: dict | None = None, **config):
     """The app `omni-tts serve` runs (real stage processes, cpu_tiny), on a free loopback port of this event loop:
-    yields (url, ServerState). `config`: ServerConfig fields."""
+    yields (url, ServerState). `engine_options`: AsyncTTS arguments; `config`: ServerConfig fields."""
     from aiohttp import web
 
     from omni_tts.config.stage_config import load_stage_config
@@ -113,7 +113,7 @@ async def app_in_process(model_dir: str, **config):
     from omni_tts.entrypoints.api.state import STATE
     from omni_tts.orchestrator.async_tts import AsyncTTS
 
-    engine = AsyncTTS(model_dir, load_stage_config("cpu_tiny"))
+    engine = AsyncTTS(model_dir, load_stage_config("cpu_tiny"), **(engine_options or {}))
     app = build_app(engine, ServerConfig(**{"served_model_names": ("m",), **config}))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as `omni-tts serve` runs it
     await runner.setup()

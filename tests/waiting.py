@@ -11,6 +11,9 @@ POLL_SECONDS = 0.02
 TIMEOUT = 60.0
 # a restart loads a model again (both stages, or the aligner): seconds on an idle machine, a minute on a busy one
 RESTART_TIMEOUT = 120.0
+# for a pipeline shared by several tests: the event loop that watches it pauses between them while other tests run,
+# so a heartbeat it did not read meanwhile is no hang (the tests of hangs set their own short timeout)
+SHARED_PIPELINE = {"heartbeat_timeout": 3600.0}
 
 
 def _timed_out(timeout: float, what: str | Callable[[], str]) -> AssertionError:

@@ -10,10 +10,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FIXTURES
 from omni_tts.entrypoints.metrics import StageCollector
 from omni_tts.stages.protocol import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
-from server_util import MODEL, app_in_process
+from server_util import MODEL
 
 NAME = re.compile(r"omni_tts_[a-z0-9_]+")
 # words that make a name a measure of time, which Prometheus wants in base units with the unit as suffix
@@ -148,33 +147,32 @@ def test_histograms_count_what_they_summarise(cv_server):
     assert value(after, "omni_tts_connector_latency_seconds", "_count") == chunks
 
 
-def test_concurrent_scrapes_all_get_the_stage_figures():
+@pytest.mark.asyncio(loop_scope="session")
+async def test_concurrent_scrapes_all_get_the_stage_figures(app, monkeypatch):
     """Overlapping scrapes share one stats round trip: the engine keeps one pending answer per stage, so a second
     round trip would take the first one's answer and leave it to time out (the figures of the scrape before)."""
-    async def main():
-        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
-            outcomes = []
-            stats = state.engine.stats
+    url, state = app
+    outcomes = []
+    stats = state.engine.stats
 
-            async def counted_stats(timeout: float):
-                try:
-                    result = await stats(timeout=timeout)
-                except Exception as e:
-                    outcomes.append(e)
-                    raise
-                outcomes.append("answered")
-                return result
-            state.engine.stats = counted_stats
-            async with aiohttp.ClientSession() as http:
-                async def scrape() -> str:
-                    async with http.get(url + "/metrics") as response:
-                        return await response.text()
-                for _ in range(3):
-                    for text in await asyncio.gather(*(scrape() for _ in range(5))):
-                        assert 'omni_tts_stage_steps_total{stage="talker"}' in text
-                        assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
-            assert outcomes and set(outcomes) == {"answered"}, outcomes
-    asyncio.run(main())
+    async def counted_stats(timeout: float):
+        try:
+            result = await stats(timeout=timeout)
+        except Exception as e:
+            outcomes.append(e)
+            raise
+        outcomes.append("answered")
+        return result
+    monkeypatch.setattr(state.engine, "stats", counted_stats)
+    async with aiohttp.ClientSession() as http:
+        async def scrape() -> str:
+            async with http.get(url + "/metrics") as response:
+                return await response.text()
+        for _ in range(3):
+            for text in await asyncio.gather(*(scrape() for _ in range(5))):
+                assert 'omni_tts_stage_steps_total{stage="talker"}' in text
+                assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
+    assert outcomes and set(outcomes) == {"answered"}, outcomes
 
 
 def stage_stats(pid: int, steps: int, step_seconds: float) -> StageStats:

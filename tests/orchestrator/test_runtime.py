@@ -22,7 +22,7 @@ from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed
 from omni_tts.stages.protocol import Register
-from waiting import eventually_async
+from waiting import SHARED_PIPELINE, eventually_async
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
 TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
@@ -31,7 +31,8 @@ TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+    async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                        **SHARED_PIPELINE) as engine:
         yield engine
 
 

@@ -26,7 +26,7 @@ from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDea
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from server_util import ServerProcess, stage_pids
-from waiting import RESTART_TIMEOUT, eventually, eventually_async
+from waiting import RESTART_TIMEOUT, SHARED_PIPELINE, eventually, eventually_async
 
 CASE = next(c for c in GOLDEN_CASES if c["variant"] == "tiny-custom-voice")
 
@@ -111,7 +111,7 @@ async def pipeline(config: str | PipelineConfig = "cpu_tiny", **engine_kwargs):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
     """The module's pipeline for the faults that need no settings of their own (fewer than its restart limit)."""
-    async with pipeline() as engine:
+    async with pipeline(**SHARED_PIPELINE) as engine:
         yield engine
 
 

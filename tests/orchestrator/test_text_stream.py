@@ -17,7 +17,7 @@ from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestTimedOut, StageDeadError
 from test_supervision import wait_until_no_stage_holds_requests
-from waiting import RESTART_TIMEOUT, eventually_async
+from waiting import RESTART_TIMEOUT, SHARED_PIPELINE, eventually_async
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz at 12.5 frames per second
 TEXT = "Hello there! This sentence streams in, a few characters at a time, with a pause or two."
@@ -58,7 +58,8 @@ async def streamed(engine: AsyncTTS, pieces: list[str], delays: list[float], voi
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
+    async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                        **SHARED_PIPELINE) as engine:
         yield engine
 
 
