@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytest_asyncio
 import torch
 from safetensors.numpy import load_file
 
@@ -14,15 +15,10 @@ GOLDEN_CASES = [c for c in MANIFEST["cases"] if c.get("params")]
 RUNS_TO_ITS_LIMIT = "The quick brown fox jumps over the lazy dog."
 
 torch.set_grad_enabled(False)
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Many small decoder calls: one torch thread is faster than two on a shared 2-core box."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# The tiny models' many small ops gain nothing from a second thread, and waiting threads spin: with stage processes
+# or a neighbour on the same cores (or two hyperthreads of one core) that is minutes. Measured on 2 cores: 1 thread
+# runs test_engines + test_code2wav_runner in 14 s against 17 s with 2, on half the CPU time.
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
@@ -36,6 +32,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# One server per checkpoint for the whole run, for every test that needs no flags of its own: a start costs seconds
+# (a process, two stage processes, a model load), and a test that needs a fresh or differently configured server
+# starts its own. Tests on these servers leave them as they found them, or make their changes under names of their own.
+@pytest.fixture(scope="session")
+def cv_server():
+    """`omni-tts serve` of tiny-custom-voice, served as server_util.MODEL."""
+    from server_util import MODEL, ServerProcess
+
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_server(tmp_path_factory):
+    """`omni-tts serve` of tiny-base with a voices dir (`.voices_dir`) and the fixtures as allowed local media."""
+    from server_util import MODEL, ServerProcess
+
+    voices_dir = tmp_path_factory.mktemp("voices")
+    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
+                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
+    server.voices_dir = voices_dir
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def app():
+    """The app `omni-tts serve` runs, in this process on the session's event loop (tiny-custom-voice served as "m",
+    real stage processes): (url, ServerState), for the tests that look at the server's state between its steps (they
+    run on that loop: `@pytest.mark.asyncio(loop_scope="session")`). Streams idle for 60 s; narrations 2 segments
+    ahead."""
+    from server_util import app_in_process
+    from waiting import SHARED_PIPELINE
+
+    async with app_in_process(str(FIXTURES / "tiny-custom-voice"), SHARED_PIPELINE, stream_idle_timeout=60,
+                              narration_window=2) as served:
+        yield served
 
 
 def load_component(module_factory, checkpoint_dir, prefix: str):

@@ -14,6 +14,9 @@ import urllib.request
 from waiting import eventually
 
 
+MODEL = "qwen3-tts"  # the name the shared servers (conftest's cv_server and base_server) serve their model as
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,9 +102,9 @@ def stage_pids(server_pid: int) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def app_in_process(model_dir: str, **config):
+async def app_in_process(model_dir: str, engine_options: dict | None = None, **config):
     """The app `omni-tts serve` runs (real stage processes, cpu_tiny), on a free loopback port of this event loop:
-    yields (url, ServerState). `config`: ServerConfig fields."""
+    yields (url, ServerState). `engine_options`: AsyncTTS arguments; `config`: ServerConfig fields."""
     from aiohttp import web
 
     from omni_tts.config.stage_config import load_stage_config
@@ -110,7 +113,7 @@ async def app_in_process(model_dir: str, **config):
     from omni_tts.entrypoints.api.state import STATE
     from omni_tts.orchestrator.async_tts import AsyncTTS
 
-    tts = AsyncTTS(model_dir, load_stage_config("cpu_tiny"))
+    tts = AsyncTTS(model_dir, load_stage_config("cpu_tiny"), **(engine_options or {}))
     app = build_app(tts, ServerConfig(**{"served_model_names": ("m",), **config}))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as `omni-tts serve` runs it
     await tts.start()

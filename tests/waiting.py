@@ -5,12 +5,18 @@ import inspect
 import time
 from typing import Awaitable, Callable, TypeVar
 
+from omni_tts.config.settings import SupervisionSettings
+
 T = TypeVar("T")
 POLL_SECONDS = 0.02
 # generous: a deadline only turns a hang into a failure; beside a busy neighbour a step can take 10x its idle time
 TIMEOUT = 60.0
 # a restart loads a model again (both stages, or the aligner): seconds on an idle machine, a minute on a busy one
 RESTART_TIMEOUT = 120.0
+# for a pipeline shared by several tests: the event loop that watches it pauses between them while other tests run,
+# so a heartbeat it did not read meanwhile is no hang (the tests of hangs set their own short timeout); AsyncTTS's
+# keyword arguments
+SHARED_PIPELINE = {"supervision": SupervisionSettings(heartbeat_timeout=3600.0)}
 
 
 def _timed_out(timeout: float, what: str | Callable[[], str]) -> AssertionError:

@@ -24,9 +24,6 @@ from omni_tts.stages.messages import Heartbeat, Ready, Shutdown, StageEvent, Sta
 FRAME_SECONDS = 0.08
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 def chunk(frames: int, **flags) -> CodecChunk:
     return CodecChunk(np.arange(frames * 16).reshape(frames, 16), **flags)
 

@@ -1,4 +1,6 @@
 """Talker engine (continuous batching) + chunker + code2wav engine, in one process: equal to offline synthesize."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -59,13 +61,19 @@ def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget
                   reasons.get(rid)) for rid in frames}, talker, code2wav
 
 
+@functools.cache
+def golden_requests_offline(variant: str) -> tuple[list[SynthesisRequest], list]:
+    """Up to 6 of the variant's golden requests and their offline results (the same for every chunk size)."""
+    cases = [c for c in GOLDEN_CASES if c["variant"] == variant]
+    requests = [r for c in cases for r in case_requests(c)][:6]
+    return requests, synthesize(model(variant), requests)
+
+
 @pytest.mark.parametrize("initial", [1, 2, 25])
 @pytest.mark.parametrize("variant", ["tiny-custom-voice", "tiny-voice-design", "tiny-base"])
 def test_engines_equal_offline(variant, initial):
     tts = model(variant)
-    cases = [c for c in GOLDEN_CASES if c["variant"] == variant]
-    requests = [r for c in cases for r in case_requests(c)][:6]
-    offline = synthesize(tts, requests)
+    requests, offline = golden_requests_offline(variant)
     out, talker, code2wav = run_pipeline(tts, requests, initial=initial, stagger=3)
     for i, expected in enumerate(offline):
         codes, audio, reason = out[f"r{i}"]

@@ -143,7 +143,7 @@ def arrival_plan(rng: random.Random, num_tokens: int, first: int, join: int) -> 
 
 
 @pytest.mark.parametrize("variant", ["tiny-custom-voice", "tiny-base"])
-def test_text_arriving_late_gives_the_whole_texts_codes_dynamic_and_static(variant, one_torch_thread):
+def test_text_arriving_late_gives_the_whole_texts_codes_dynamic_and_static(variant):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
     rng = random.Random(5)
     if variant == "tiny-custom-voice":
@@ -180,7 +180,7 @@ def assert_whole_texts_codes(tts, prepared, plans, max_rows: int) -> int:
     return most_parked[0]
 
 
-def test_parked_rows_lie_beyond_a_full_buckets_padding(one_torch_thread):
+def test_parked_rows_lie_beyond_a_full_buckets_padding():
     """Five rows run (bucket 8: three padding rows) while three wait for text: the parked rows must be out of the
     padding's reach, or the throw-away values computed there would overwrite their state."""
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))

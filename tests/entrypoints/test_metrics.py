@@ -10,12 +10,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FIXTURES
 from omni_tts.entrypoints.api.metrics import StageCollector
 from omni_tts.stages.messages import STEP_SECONDS_BUCKETS, DurationHistogram, StageStats
-from server_util import ServerProcess, app_in_process
+from server_util import MODEL
 
-MODEL = "metrics-model"
 NAME = re.compile(r"omni_tts_[a-z0-9_]+")
 # words that make a name a measure of time, which Prometheus wants in base units with the unit as suffix
 TIME_WORDS = {"latency", "duration", "ttfp", "ttft", "seconds", "timeout", "delay", "elapsed", "wait", "uptime"}
@@ -103,23 +101,15 @@ def value(families: dict, name: str, suffix: str = "", **labels) -> float:
                if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-@pytest.fixture(scope="module")
-def server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
-
-
-def test_metrics_follow_prometheus_naming(server):
+def test_metrics_follow_prometheus_naming(cv_server):
     ok = dict(model=MODEL, input="Metrics.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=12)
-    before = scrape(server)["families"]
-    assert post(server, ok) == 200
-    assert post(server, dict(ok, stream_format="audio")) == 200
-    assert post(server, dict(ok, model="tts-1", voice="alloy")) == 200
-    assert post(server, data=b"{nope") == 400
-    assert post(server, dict(ok, model="no-such-model")) == 404
-    assert post(server, dict(ok, voice="nobody")) == 400
-    metrics = scrape(server)
+    assert post(cv_server, ok) == 200
+    assert post(cv_server, dict(ok, stream_format="audio")) == 200
+    assert post(cv_server, dict(ok, model="tts-1", voice="alloy")) == 200
+    assert post(cv_server, data=b"{nope") == 400
+    assert post(cv_server, dict(ok, model="no-such-model")) == 404
+    assert post(cv_server, dict(ok, voice="nobody")) == 400
+    metrics = scrape(cv_server)
     assert naming_problems(metrics["text"]) == []
     kinds = {name: family.type for name, family in metrics["families"].items()}
     assert kinds == {
@@ -138,12 +128,12 @@ def test_metrics_follow_prometheus_naming(server):
     assert errors == {"bad_input": 3, "internal": 0, "unavailable": 0, "timeout": 0}
 
 
-def test_histograms_count_what_they_summarise(server):
+def test_histograms_count_what_they_summarise(cv_server):
     ok = dict(model=MODEL, input="Counted.", voice="vivian", response_format="pcm", temperature=0, max_new_tokens=12)
-    before = scrape(server)["families"]
+    before = scrape(cv_server)["families"]
     for _ in range(2):
-        assert post(server, ok) == 200
-    after = scrape(server)["families"]
+        assert post(cv_server, ok) == 200
+    after = scrape(cv_server)["families"]
 
     def grew(name, suffix="", **labels):
         return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
@@ -162,33 +152,32 @@ def test_histograms_count_what_they_summarise(server):
     assert value(after, "omni_tts_connector_latency_seconds", "_count") == chunks
 
 
-def test_concurrent_scrapes_all_get_the_stage_figures():
+@pytest.mark.asyncio(loop_scope="session")
+async def test_concurrent_scrapes_all_get_the_stage_figures(app, monkeypatch):
     """Overlapping scrapes share one stats round trip: the engine keeps one pending answer per stage, so a second
     round trip would take the first one's answer and leave it to time out (the figures of the scrape before)."""
-    async def main():
-        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
-            outcomes = []
-            stats = state.tts.stats
+    url, state = app
+    outcomes = []
+    stats = state.tts.stats
 
-            async def counted_stats(timeout: float):
-                try:
-                    result = await stats(timeout=timeout)
-                except Exception as e:
-                    outcomes.append(e)
-                    raise
-                outcomes.append("answered")
-                return result
-            state.tts.stats = counted_stats
-            async with aiohttp.ClientSession() as http:
-                async def scrape() -> str:
-                    async with http.get(url + "/metrics") as response:
-                        return await response.text()
-                for _ in range(3):
-                    for text in await asyncio.gather(*(scrape() for _ in range(5))):
-                        assert 'omni_tts_stage_steps_total{stage="talker"}' in text
-                        assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
-            assert outcomes and set(outcomes) == {"answered"}, outcomes
-    asyncio.run(main())
+    async def counted_stats(timeout: float):
+        try:
+            result = await stats(timeout=timeout)
+        except Exception as e:
+            outcomes.append(e)
+            raise
+        outcomes.append("answered")
+        return result
+    monkeypatch.setattr(state.tts, "stats", counted_stats)
+    async with aiohttp.ClientSession() as http:
+        async def scrape() -> str:
+            async with http.get(url + "/metrics") as response:
+                return await response.text()
+        for _ in range(3):
+            for text in await asyncio.gather(*(scrape() for _ in range(5))):
+                assert 'omni_tts_stage_steps_total{stage="talker"}' in text
+                assert 'omni_tts_stage_steps_total{stage="code2wav"}' in text
+    assert outcomes and set(outcomes) == {"answered"}, outcomes
 
 
 def stage_stats(pid: int, steps: int, step_seconds: float) -> StageStats:

@@ -164,43 +164,41 @@ def test_what_a_narration_cannot_do_is_a_400(server, fields, param):
     assert status == 400 and json.loads(body)["error"]["param"] == param, body
 
 
-def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything():
-    """A client that reads slowly: the narration never runs more than its window ahead of what went out, so what
-    the server holds is bounded by the window, not the input; closing the connection mid-way ends every segment's
-    request in both stages and frees the slot."""
-    asyncio.run(_slow_reader_then_disconnect(str(FIXTURES / "tiny-custom-voice")))
-
-
 SEGMENT_BYTES = 39 * 1920 * 2   # max_new_tokens 40: 39 frames of pcm
 SOCKET_BYTES = 12 * 2**20       # what the kernel's buffers on both ends and aiohttp's may hold, generously
 
 
-async def _slow_reader_then_disconnect(model_dir: str) -> None:
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything(app):
+    """A client that reads slowly: the narration never runs more than its window (2) ahead of what went out, so
+    what the server holds is bounded by the window, not the input; closing the connection mid-way ends every
+    segment's request in both stages and frees the slot."""
     import aiohttp
 
-    async with app_in_process(model_dir, narration_window=2) as (url, state):
-        counter = state.metrics.narration_segments
+    url, state = app
+    counter = state.metrics.narration_segments
+    before = {event: int(counter.labels(event)._value.get()) for event in ("started", "delivered")}
 
-        def count(event: str) -> int:
-            return int(counter.labels(event)._value.get())
-        body = dict(GREEDY, input=TEXT, response_format="pcm", stream_format="audio", max_new_tokens=40)
-        total = TEXT.count(".") + TEXT.count("?")   # at least the sentences
-        async with aiohttp.ClientSession() as http:
-            response = await http.post(url + "/v1/audio/speech", json=body)
-            assert response.status == 200
-            received = 0
-            while received < total * SEGMENT_BYTES // 8:
-                received += len(await response.content.read(2**16))
-                started, delivered = count("started"), count("delivered")
-                assert started - delivered <= 2 and len(state.tts.requests) <= 2, (started, delivered)
-                assert (started - 2) * SEGMENT_BYTES <= received + SOCKET_BYTES, (started, received)
-                await asyncio.sleep(0.005)   # reads slower than the narration is made
-            assert state.admitted == 1
-            response.close()   # the client goes away mid-way
-        await eventually_async(lambda: not (state.admitted or state.tts.requests), what="the narration ended")
-        stats = await state.tts.stats()
-        assert all(not s.request_ids for s in stats.values()), stats
-        assert count("delivered") < total
+    def count(event: str) -> int:  # this narration's
+        return int(counter.labels(event)._value.get()) - before[event]
+    body = dict(GREEDY, input=TEXT, response_format="pcm", stream_format="audio", max_new_tokens=40)
+    total = TEXT.count(".") + TEXT.count("?")   # at least the sentences
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(url + "/v1/audio/speech", json=body)
+        assert response.status == 200
+        received = 0
+        while received < total * SEGMENT_BYTES // 8:
+            received += len(await response.content.read(2**16))
+            started, delivered = count("started"), count("delivered")
+            assert started - delivered <= 2 and len(state.tts.requests) <= 2, (started, delivered)
+            assert (started - 2) * SEGMENT_BYTES <= received + SOCKET_BYTES, (started, received)
+            await asyncio.sleep(0.005)   # reads slower than the narration is made
+        assert state.admitted == 1
+        response.close()   # the client goes away mid-way
+    await eventually_async(lambda: not (state.admitted or state.tts.requests), what="the narration ended")
+    stats = await state.tts.stats()
+    assert all(not s.request_ids for s in stats.values()), stats
+    assert count("delivered") < total
 
 
 def test_a_voice_design_narration_clones_its_first_segment_after_it():

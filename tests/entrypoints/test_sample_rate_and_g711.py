@@ -13,26 +13,17 @@ import pytest
 import soxr
 
 from audio_util import G711, decode, g711_bound, g711_decode
-from conftest import FIXTURES
 from omni_tts.audio.encoding import content_type, sample_rates
 from omni_tts.audio.pcm import FORMATS, to_int16
 import server_util
-from server_util import ServerProcess, request
+from server_util import MODEL, ServerProcess, request
 
-MODEL = "qwen3-tts"
 SPEECH = {"model": MODEL, "voice": "ryan", "input": "Telephony at every rate.", "temperature": 0,
           "max_new_tokens": 24}
 MP3_STREAM_DELAY = 1105  # LAME's encoder delay: only a whole file's Xing/LAME header lets a decoder skip it
 # The server resamples its float audio before the int16 rounding; the test resamples the rounded 24 kHz pcm: the
 # two differ by the filtered rounding error: one least significant bit, measured; a wrong filter, hundreds.
 RESAMPLED_LSB = 2
-
-
-@pytest.fixture(scope="module")
-def server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
 
 
 def speak(server: ServerProcess, **fields) -> tuple[int, dict, bytes]:
@@ -46,9 +37,9 @@ def ok(server: ServerProcess, **fields) -> tuple[bytes, str]:
 
 
 @pytest.fixture(scope="module")
-def model_audio(server) -> np.ndarray:
+def model_audio(cv_server) -> np.ndarray:
     """The server's 24 kHz audio for SPEECH, as float: what every other rate is made from."""
-    pcm, _ = ok(server, response_format="pcm")
+    pcm, _ = ok(cv_server, response_format="pcm")
     assert len(pcm) > 24000  # over half a second of audio: the resampler's edges are a small part of it
     return np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
 
@@ -64,9 +55,9 @@ def assert_close(got: np.ndarray, expected: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("fmt,rate", [(f, r) for f in FORMATS for r in sample_rates(f)])
-def test_every_format_at_every_rate_streamed_equals_whole(server, model_audio, fmt, rate):
-    whole, whole_type = ok(server, response_format=fmt, sample_rate=rate)
-    stream, stream_type = ok(server, response_format=fmt, sample_rate=rate, stream_format="audio")
+def test_every_format_at_every_rate_streamed_equals_whole(cv_server, model_audio, fmt, rate):
+    whole, whole_type = ok(cv_server, response_format=fmt, sample_rate=rate)
+    stream, stream_type = ok(cv_server, response_format=fmt, sample_rate=rate, stream_format="audio")
     assert whole_type == stream_type == content_type(fmt)
     expected = resampled(model_audio, rate)
     if fmt in ("pcm", "ulaw", "alaw"):
@@ -107,20 +98,20 @@ def test_every_format_at_every_rate_streamed_equals_whole(server, model_audio, f
             assert_close(got_whole, expected)
 
 
-def test_the_default_rates(server, model_audio):
+def test_the_default_rates(cv_server, model_audio):
     """No sample_rate: the model's 24 kHz, and G.711's only rate, 8 kHz."""
-    pcm, _ = ok(server, response_format="pcm")
+    pcm, _ = ok(cv_server, response_format="pcm")
     assert len(pcm) == 2 * model_audio.size
-    ulaw, ctype = ok(server, response_format="ulaw")
-    assert ctype == "audio/basic" and ulaw == ok(server, response_format="ulaw", sample_rate=8000)[0]
-    wav, _ = ok(server, response_format="alaw_wav")
+    ulaw, ctype = ok(cv_server, response_format="ulaw")
+    assert ctype == "audio/basic" and ulaw == ok(cv_server, response_format="ulaw", sample_rate=8000)[0]
+    wav, _ = ok(cv_server, response_format="alaw_wav")
     assert struct.unpack_from("<HHI", wav, 20) == (6, 1, 8000)
 
 
 @pytest.mark.parametrize("fmt,rate", [("pcm", 16000), ("ulaw", 8000), ("alaw_wav", 8000), ("mp3", 44100)])
-def test_sse_deltas_are_the_streamed_bytes(server, fmt, rate):
-    stream, _ = ok(server, response_format=fmt, sample_rate=rate, stream_format="audio")
-    body, ctype = ok(server, response_format=fmt, sample_rate=rate, stream_format="sse")
+def test_sse_deltas_are_the_streamed_bytes(cv_server, fmt, rate):
+    stream, _ = ok(cv_server, response_format=fmt, sample_rate=rate, stream_format="audio")
+    body, ctype = ok(cv_server, response_format=fmt, sample_rate=rate, stream_format="sse")
     assert ctype.startswith("text/event-stream")
     events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
@@ -129,13 +120,13 @@ def test_sse_deltas_are_the_streamed_bytes(server, fmt, rate):
     assert events[-1]["type"] == "speech.audio.done"
 
 
-def test_a_stream_arrives_in_chunks_of_the_whole_files_bytes(server):
+def test_a_stream_arrives_in_chunks_of_the_whole_files_bytes(cv_server):
     """G.711 streams with the same chunking as pcm: the first chunk comes before the last audio is made."""
-    whole, _ = ok(server, response_format="ulaw")
+    whole, _ = ok(cv_server, response_format="ulaw")
 
     async def main() -> list[bytes]:
         async with aiohttp.ClientSession() as http:
-            async with http.post(server.url + "/v1/audio/speech",
+            async with http.post(cv_server.url + "/v1/audio/speech",
                                  json=dict(SPEECH, response_format="ulaw", stream_format="audio")) as response:
                 assert response.status == 200
                 return [data async for data, _ in response.content.iter_chunks()]
@@ -154,18 +145,18 @@ def ws_utterance(server: ServerProcess, **config) -> tuple[list[dict], bytes]:
 
 
 @pytest.mark.parametrize("stream_audio", [True, False])
-def test_websocket_audio_at_a_sample_rate(server, stream_audio):
-    whole, _ = ok(server, response_format="pcm", sample_rate=16000)
-    events, audio = ws_utterance(server, response_format="pcm", sample_rate=16000, stream_audio=stream_audio)
+def test_websocket_audio_at_a_sample_rate(cv_server, stream_audio):
+    whole, _ = ok(cv_server, response_format="pcm", sample_rate=16000)
+    events, audio = ws_utterance(cv_server, response_format="pcm", sample_rate=16000, stream_audio=stream_audio)
     start = next(e for e in events if e["type"] == "audio.start")
     assert start["sample_rate"] == 16000 and start["channels"] == 1
     assert audio == whole
-    events, audio = ws_utterance(server, response_format="ulaw", stream_audio=stream_audio)
-    assert events[-1]["type"] == "session.done" and audio == ok(server, response_format="ulaw")[0]
+    events, audio = ws_utterance(cv_server, response_format="ulaw", stream_audio=stream_audio)
+    assert events[-1]["type"] == "session.done" and audio == ok(cv_server, response_format="ulaw")[0]
 
 
-def test_a_rate_the_format_cannot_carry_ends_the_websocket_session(server):
-    events, audio = ws_utterance(server, response_format="alaw", sample_rate=16000)
+def test_a_rate_the_format_cannot_carry_ends_the_websocket_session(cv_server):
+    events, audio = ws_utterance(cv_server, response_format="alaw", sample_rate=16000)
     assert audio == b"" and events[-1]["type"] == "error"
     assert events[-1]["message"] == "sample_rate 16000 is not available for alaw: expected 8000"
 
@@ -187,8 +178,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("name,fields,param,message", BAD, ids=[b[0] for b in BAD])
-def test_bad_rates_and_formats_are_400s_naming_the_field(server, name, fields, param, message):
-    status, _, body = speak(server, **fields)
+def test_bad_rates_and_formats_are_400s_naming_the_field(cv_server, name, fields, param, message):
+    status, _, body = speak(cv_server, **fields)
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == param and error["code"] == "invalid_request"
     assert error["message"].startswith(message) and "\n" not in error["message"]

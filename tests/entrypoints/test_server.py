@@ -24,10 +24,9 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from openai.types.audio import Voice, VoiceDeleted
-from server_util import ServerProcess, free_port, request, stage_pids
+from server_util import MODEL, ServerProcess, free_port, request, stage_pids
 from waiting import eventually, eventually_async
 
-MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 REF_WAV = FIXTURES / "ref_voice.wav"
 REF_TEXT = (FIXTURES / "ref_voice.txt").read_text().strip()
@@ -75,23 +74,6 @@ def parse_sse(body):
         if data:
             events.append(json.loads("".join(data)))
     return events
-
-
-@pytest.fixture(scope="module")
-def cv_server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def base_server(tmp_path_factory):
-    voices_dir = tmp_path_factory.mktemp("voices")
-    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
-                           str(voices_dir), "--allowed-local-media-path", str(FIXTURES))
-    server.voices_dir = voices_dir
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -455,7 +437,7 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
         finally:
             for pid in stages:
                 os.kill(pid, signal.SIGCONT)
-        eventually(lambda: _metric(server, "omni_tts_stage_requests") == 0 and _metric(server, "omni_tts_in_flight") == 0,
+        eventually(lambda: not (_metric(server, "omni_tts_stage_requests") or _metric(server, "omni_tts_in_flight")),
                    what="the stages and admission holding nothing")
         assert request(server.url + "/v1/audio/speech", dict(long_request, max_new_tokens=10))[0] == 200
     finally:
@@ -501,31 +483,32 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
         assert request(base_server.url + f"/v1/audio/voices/{name}", method="DELETE")[0] == 200
 
 
+@pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
-def test_a_stream_the_client_leaves_closes_its_encoder(stream_format):
-    import asyncio
+async def test_a_stream_the_client_leaves_closes_its_encoder(app, stream_format):
     import gc
 
     import aiohttp
 
-    from server_util import app_in_process, unclosed_codec_containers
+    from server_util import unclosed_codec_containers
 
-    async def main():
-        async with app_in_process(str(FIXTURES / "tiny-custom-voice")) as (url, state):
-            async with aiohttp.ClientSession() as http:
-                body = {"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "mp3",
-                        "stream": True, "stream_format": stream_format, "temperature": 0}
-                response = await http.post(url + "/v1/audio/speech", json=body)
-                assert response.status == 200 and await response.content.readany()
-                response.close()  # the client goes away mid-stream
-            await eventually_async(lambda: not state.admitted, what="the stream's slot freed")
-            assert state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) == 1
-            assert unclosed_codec_containers() == []
+    def aborted() -> float:
+        return state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) or 0
 
+    url, state = app
+    aborts = aborted()
     gc.collect()
     gc.disable()  # what the GC would free late must still be there to be seen
     try:
-        asyncio.run(main())
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "m", "voice": "ryan", "input": RUNS_TO_ITS_LIMIT, "response_format": "mp3",
+                    "stream": True, "stream_format": stream_format, "temperature": 0}
+            response = await http.post(url + "/v1/audio/speech", json=body)
+            assert response.status == 200 and await response.content.readany()
+            response.close()  # the client goes away mid-stream
+        await eventually_async(lambda: not state.admitted, what="the stream's slot freed")
+        assert aborted() == aborts + 1
+        assert unclosed_codec_containers() == []
     finally:
         gc.enable()
 

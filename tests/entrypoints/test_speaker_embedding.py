@@ -17,23 +17,14 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.models.qwen3_tts.speaker_encoder import extract_speaker_embedding
-from server_util import ServerProcess, request, ws_utterance
+from server_util import MODEL, ServerProcess, request, ws_utterance
 
-MODEL = "qwen3-tts"
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 REF_WAV = FIXTURES / "ref_voice.wav"
 CLIP = REF_WAV.read_bytes()
 DIM = Qwen3TTSConfig.load(str(FIXTURES / "tiny-base")).speaker_encoder.enc_dim   # the tiny fixture's: 64
 TEXT = "An embedding is a voice too."
 BOUNDARY = "embeddingboundary"
-
-
-@pytest.fixture(scope="module")
-def base_server(tmp_path_factory):
-    server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL, "--voices-dir",
-                           str(tmp_path_factory.mktemp("voices")), "--allowed-local-media-path", str(FIXTURES))
-    yield server
-    server.stop()
 
 
 def speak(server: ServerProcess, **fields) -> tuple[int, dict, bytes]:
@@ -190,13 +181,9 @@ def test_bad_embeddings_are_one_line_400s_naming_the_field(base_server):
     assert "x" not in json.loads(request(base_server.url + "/v1/audio/voices")[2])["voices"]
 
 
-def test_custom_voice_checkpoints_refuse_an_embedding():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    try:
-        status, _, body = speak(server, speaker_embedding=[0.0] * DIM)
-        assert_one_line_400((status, json.loads(body)), "speaker_embedding", "only supported by Base")
-    finally:
-        server.stop()
+def test_custom_voice_checkpoints_refuse_an_embedding(cv_server):
+    status, _, body = speak(cv_server, speaker_embedding=[0.0] * DIM)
+    assert_one_line_400((status, json.loads(body)), "speaker_embedding", "only supported by Base")
 
 
 def test_the_store_keeps_an_embedding_voice_across_restarts(tmp_path):

@@ -20,13 +20,6 @@ from waiting import eventually
 DEFAULTS = dict(GREEDY, response_format="pcm", voice="ryan")
 
 
-@pytest.fixture(scope="module")
-def server():
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
-    yield server
-    server.stop()
-
-
 def batch(server, payload):
     status, headers, body = request(server.url + "/v1/audio/speech/batch", payload)
     return status, headers, json.loads(body)
@@ -39,7 +32,7 @@ def alone(server, item):
     return request(server.url + "/v1/audio/speech", dict(defaults, **item))
 
 
-def test_good_and_bad_items_fail_alone_in_order(server):
+def test_good_and_bad_items_fail_alone_in_order(cv_server):
     good = [{"input": "The first good item."},
             {"input": "A second voice.", "speaker": "vivian"},           # an alias overrides the default voice
             {"input": "A whole wav file.", "response_format": "wav"},
@@ -49,14 +42,14 @@ def test_good_and_bad_items_fail_alone_in_order(server):
            {"input": "Too fast.", "speed": "fast"},
            {"input": "Streamed.", "stream_format": "sse"}]
     items = [good[0], bad[0], good[1], bad[1], good[2], bad[2], good[3], bad[3]]
-    status, headers, answer = batch(server, dict(DEFAULTS, items=items))
+    status, headers, answer = batch(cv_server, dict(DEFAULTS, items=items))
     assert status == 200, answer
     results = answer["results"]
     assert [r["index"] for r in results] == list(range(len(items)))
     assert answer["summary"] == {"total": 8, "succeeded": 4, "failed": 4}
     for item, result in zip(items, results):
         if item in bad[:3]:  # the 400 /v1/audio/speech answers, word for word
-            got, _, body = alone(server, item)
+            got, _, body = alone(cv_server, item)
             assert result["status"] == got == 400
             assert result["error"] == json.loads(body)["error"]
             assert "audio" not in result and "usage" not in result
@@ -64,7 +57,7 @@ def test_good_and_bad_items_fail_alone_in_order(server):
             assert result["status"] == 400 and result["error"]["param"] == "stream_format"
             assert "whole files" in result["error"]["message"]
         else:
-            got, headers_alone, body = alone(server, item)
+            got, headers_alone, body = alone(cv_server, item)
             assert got == result["status"] == 200
             header = 44 if item.get("response_format") == "wav" else 0
             audio = base64.b64decode(result["audio"])
@@ -76,7 +69,7 @@ def test_good_and_bad_items_fail_alone_in_order(server):
             assert result["finish_reason"] == headers_alone["x-omni-tts-finish-reason"]
     assert results[6]["ignored_fields"] == "lip_sync"
     assert "x-omni-tts-ignored-fields" not in headers
-    assert request(server.url + "/health")[0] == 200
+    assert request(cv_server.url + "/health")[0] == 200
 
 
 MALFORMED = [
@@ -94,18 +87,18 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("name,payload,param,message", MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_a_malformed_batch_is_one_400(server, name, payload, param, message):
+def test_a_malformed_batch_is_one_400(cv_server, name, payload, param, message):
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    status, _, body = request(server.url + "/v1/audio/speech/batch", data=data,
+    status, _, body = request(cv_server.url + "/v1/audio/speech/batch", data=data,
                               headers={"Content-Type": "application/json"})
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == param and message in error["message"], error
 
 
-def test_a_model_not_served_is_the_batch_404(server):
-    status, _, answer = batch(server, {"model": "other", "items": [{"input": "Hi."}]})
+def test_a_model_not_served_is_the_batch_404(cv_server):
+    status, _, answer = batch(cv_server, {"model": "other", "items": [{"input": "Hi."}]})
     assert status == 404 and answer["error"]["code"] == "model_not_found"
-    status, _, answer = batch(server, dict(DEFAULTS, items=[{"input": "Hi.", "model": "other"}]))  # an item's own
+    status, _, answer = batch(cv_server, dict(DEFAULTS, items=[{"input": "Hi.", "model": "other"}]))  # an item's own
     assert status == 200 and answer["results"][0]["status"] == 404
 
 

@@ -20,7 +20,7 @@ from omni_tts.engine.offline import synthesize
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from server_util import ServerProcess, app_in_process, unclosed_codec_containers
+from server_util import ServerProcess, unclosed_codec_containers
 from waiting import eventually, eventually_async
 
 MODEL = "qwen3-tts"
@@ -39,10 +39,24 @@ def serve(variant: str, *args: str) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def cv_server():
-    server = serve("tiny-custom-voice", "--max-queue", "40")
+def servers():
+    """serve(variant) for each variant the module's tests ask for, started at the first ask (tiny-custom-voice with
+    room for 40 requests), stopped at the module's end."""
+    started: dict[str, ServerProcess] = {}
+
+    def server(variant: str) -> ServerProcess:
+        if variant not in started:
+            started[variant] = serve(variant, *(["--max-queue", "40"] if variant == "tiny-custom-voice" else []))
+        return started[variant]
     yield server
-    server.stop()
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cv_server(servers):
+    """This module's tiny-custom-voice server (with an API key: not conftest's)."""
+    return servers("tiny-custom-voice")
 
 
 def http_pcm(server: ServerProcess, text: str, **fields) -> np.ndarray:
@@ -146,9 +160,8 @@ def run(coro):
     ("tiny-base", {**REF, "language": "english"}),
     ("tiny-base", {**REF, "x_vector_only_mode": True}),
 ], ids=["custom-voice", "voice-design", "base-icl", "base-x-vector"])
-def test_token_mode_equals_the_whole_text(variant, voice, cv_server, request):
-    server = cv_server if variant == "tiny-custom-voice" else serve(variant)
-    request.addfinalizer(server.stop if server is not cv_server else lambda: None)
+def test_token_mode_equals_the_whole_text(variant, voice, servers):
+    server = servers(variant)
     # ICL: the prefill waits for as many text tokens as the reference has frames, so its text is longer
     text = TEXT + (" " + TEXT if "ref_text" in voice else "")
     expected = http_pcm(server, text, **voice)
@@ -299,6 +312,9 @@ def test_idle_sessions_admission_and_the_api_key():
     try:
         async def main():
             async with aiohttp.ClientSession() as http:
+                # a session that never configures (it takes no slot), running out its 10 s beside the rest
+                quiet = await open_session(server, http)
+                quiet_error = asyncio.create_task(quiet.closing_error())
                 with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                     await http.ws_connect(server.url + "/v1/audio/speech/stream")
                 assert refused.value.status == 401
@@ -306,8 +322,6 @@ def test_idle_sessions_admission_and_the_api_key():
                 async with http.get(server.url + "/v1/audio/speech/stream", headers=AUTH) as plain:
                     assert plain.status == 400 and set((await plain.json())["error"]) == {
                         "message", "type", "param", "code"}  # documented: no upgrade, the error envelope
-                quiet = await open_session(server, http)
-                assert "no session.config within 10 s" in await quiet.closing_error()
                 holder = await open_session(server, http, voice="ryan", stream_audio=True)
                 await holder.send({"type": "input.text", "text": "This utterance holds the only slot"})
                 last_message = time.monotonic()
@@ -320,6 +334,7 @@ def test_idle_sessions_admission_and_the_api_key():
                 # (a lower bound only: a busy machine can make a timeout late, never early)
                 assert f"for {IDLE:g} s" in await holder.closing_error()
                 assert time.monotonic() - last_message > IDLE - 0.5
+                assert "no session.config within 10 s" in await quiet_error
         run(main())
         wait_until_stages_hold_nothing(server)
     finally:
@@ -361,40 +376,37 @@ def test_session_config_is_bounded_per_connection(cv_server):
     run(main())
 
 
-def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed():
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed(app):
     """Watched between the server's steps (the app runs in this loop): the slot is never free while the engine
     still holds the request."""
-    async def main():
-        async with app_in_process(str(FIXTURES / "tiny-custom-voice"), stream_idle_timeout=60) as (url, state):
-            async with aiohttp.ClientSession() as http:
-                session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan")
-                await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})  # the text stays open
-                await eventually_async(lambda: state.tts.requests, what="the utterance's request in the engine")
-                assert state.admitted == 1
-                await session.send({"type": "session.close"})
+    url, state = app
+    async with aiohttp.ClientSession() as http:
+        session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan")
+        await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})  # the text stays open
+        await eventually_async(lambda: state.tts.requests, what="the utterance's request in the engine")
+        assert state.admitted == 1
+        await session.send({"type": "session.close"})
 
-                def slot_freed() -> bool:  # looked at on every turn of the loop: never free while still held
-                    assert state.admitted or not state.tts.requests, "the slot was freed first"
-                    return not state.admitted
-                await eventually_async(slot_freed, what="the slot freed", interval=0)
-    run(main())
+        def slot_freed() -> bool:  # looked at on every turn of the loop: never free while still held
+            assert state.admitted or not state.tts.requests, "the slot was freed first"
+            return not state.admitted
+        await eventually_async(slot_freed, what="the slot freed", interval=0)
 
 
-def test_a_streamed_utterance_the_client_leaves_closes_its_encoder():
-    async def main():
-        async with app_in_process(str(FIXTURES / "tiny-custom-voice"), stream_idle_timeout=60) as (url, state):
-            async with aiohttp.ClientSession() as http:
-                session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan",
-                                             response_format="mp3", stream_audio=True, temperature=0)
-                await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})
-                await session.audio_flowing()
-                await session.ws.close()  # the client goes away mid-utterance
-            await eventually_async(lambda: not state.admitted, what="the utterance's slot freed")
-            assert unclosed_codec_containers() == []
-
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_streamed_utterance_the_client_leaves_closes_its_encoder(app):
+    url, state = app
     gc.collect()
     gc.disable()  # what the GC would free late must still be there to be seen
     try:
-        run(main())
+        async with aiohttp.ClientSession() as http:
+            session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan",
+                                         response_format="mp3", stream_audio=True, temperature=0)
+            await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})
+            await session.audio_flowing()
+            await session.ws.close()  # the client goes away mid-utterance
+        await eventually_async(lambda: not state.admitted, what="the utterance's slot freed")
+        assert unclosed_codec_containers() == []
     finally:
         gc.enable()

@@ -11,7 +11,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import (_CONTROL_ROWS, PromptBuilder, PromptLimits, RequestError,
                                               SynthesisRequest, embed_prompt)
 from server_util import ServerProcess
-from test_server import MODEL, REF_TEXT, REF_WAV, _metric, base_server, request  # noqa: F401 (a fixture)
+from test_server import MODEL, REF_TEXT, REF_WAV, _metric, request
 
 OK = dict(model=MODEL, input="Hello.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=24)
 CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(4000))  # distinct ideographs: a token or more each

@@ -27,9 +27,6 @@ GOLDEN_ATOL = 5e-6    # decoder alone vs the reference (fixtures README)
 STREAM_ATOL = 1e-5    # streaming vs one-pass
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 def decoder_state_dict(variant: str) -> dict[str, torch.Tensor]:
     return read_tensors(safetensors_files(str(FIXTURES / variant / "speech_tokenizer")), "decoder.")
 

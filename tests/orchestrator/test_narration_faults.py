@@ -48,7 +48,8 @@ async def _fails_twice() -> None:
                            ready=lambda: wait_until_serving(engine)).chunks()
         await anext(chunks)
         os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
-        await eventually_async(lambda: "cut-s0-r1" in engine.requests, RESTART_TIMEOUT, "the retry, in the new pipeline")
+        await eventually_async(lambda: "cut-s0-r1" in engine.requests, RESTART_TIMEOUT,
+                               "the retry, in the new pipeline")
         os.kill(engine.stage_pids()["talker"], signal.SIGKILL)
         with pytest.raises(StageDeadError):
             async for _ in chunks:

@@ -1,11 +1,14 @@
 """The two-stage runtime with real processes, real shared memory and real sockets (issue: streaming runtime); a few
 cases again with the TCP connector between the stages (connector.kind: tcp, on loopback) and with both stages in
-one process (connector.kind: local, the fused layout)."""
+one process (connector.kind: local, the fused layout). The tiny CustomVoice pipeline over shared memory is started
+once for the module (a start is seconds); each test leaves it holding nothing."""
 import asyncio
+import contextlib
 import os
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests, stage_config
 from test_supervision import forge_chunk
@@ -19,15 +22,28 @@ from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed
 from omni_tts.stages.messages import Register
-from waiting import eventually_async
+from waiting import SHARED_PIPELINE, eventually_async
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
 TEXTS = ["Hi.", "Good morning, everyone.", "今天天气很好。", "A somewhat longer sentence, with a pause or two.",
          "Numbers like 42 and 2026 are read aloud.", "混合 mixed 文本 text."]
 
 
-def run(coro):
-    return asyncio.run(coro)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine():
+    async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"),
+                        **SHARED_PIPELINE) as engine:
+        yield engine
+
+
+@contextlib.asynccontextmanager
+async def pipeline(shared: AsyncTTS, variant: str, kind: str):
+    """The module's pipeline for tiny-custom-voice over shm, else one of `variant` over the `kind` connector."""
+    if (variant, kind) == ("tiny-custom-voice", "shm"):
+        yield shared
+        return
+    async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
+        yield engine
 
 
 async def collect(engine, request, **kwargs):
@@ -61,56 +77,51 @@ def many_requests(n, max_new_tokens=40):
 
 
 # tcp and local once, on Base: its ICL requests send reference-context chunks too
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("variant,kind", [("tiny-custom-voice", "shm"), ("tiny-voice-design", "shm"),
                                           ("tiny-base", "shm"), ("tiny-base", "tcp"), ("tiny-base", "local")])
-def test_streamed_equals_offline_for_first_chunk_sizes(variant, kind):
+async def test_streamed_equals_offline_for_first_chunk_sizes(engine, variant, kind):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / variant))
     requests = [r for c in GOLDEN_CASES if c["variant"] == variant for r in case_requests(c)][:3]
     offline = [synthesize(tts, [r])[0] for r in requests]
-
-    async def main():
-        async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
-            assert_connector(engine, kind)
-            for initial in (1, 2, 25):
-                results = await asyncio.gather(*(collect(engine, r, initial_codec_chunk_frames=initial)
-                                                 for r in requests))
-                for (audio, usage, chunks), expected in zip(results, offline):
-                    assert audio.shape == expected.audio.shape
-                    np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-                    assert usage.output_frames == expected.codes.shape[0]
-                    assert usage.finish_reason == expected.finish_reason
-                    assert chunks[0].audio.shape[0] == min(initial, expected.codes.shape[0]) * 1920
-    run(main())
+    async with pipeline(engine, variant, kind) as engine:
+        assert_connector(engine, kind)
+        for initial in (1, 2, 25):
+            results = await asyncio.gather(*(collect(engine, r, initial_codec_chunk_frames=initial) for r in requests))
+            for (audio, usage, chunks), expected in zip(results, offline):
+                assert audio.shape == expected.audio.shape
+                np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
+                assert usage.output_frames == expected.codes.shape[0]
+                assert usage.finish_reason == expected.finish_reason
+                assert chunks[0].audio.shape[0] == min(initial, expected.codes.shape[0]) * 1920
 
 
-def test_24_concurrent_requests_each_get_their_own_audio():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_24_concurrent_requests_each_get_their_own_audio(engine):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     requests = many_requests(24)
     offline = synthesize(tts, requests)  # a batch gives each request what it gives alone (test_synthesize)
-
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}")
-                                             for i, r in enumerate(requests)))
-            for (audio, usage, _), expected in zip(results, offline):
-                assert audio.dtype == np.float32 and audio.shape == expected.audio.shape
-                np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
-                assert usage.output_frames == expected.codes.shape[0]
-            stats = await engine.stats()
-            assert stats["talker"].request_ids == [] and stats["code2wav"].request_ids == []
-            ring = stats["code2wav"]
-            latencies = ring.connector_latencies
-            assert ring.connector_chunks >= 24 and sum(latencies.counts) == ring.connector_chunks
-            assert 0 < latencies.sum / ring.connector_chunks < 60  # seconds (not ns): a unit check, not a speed one
-            for stage in stats.values():  # every engine step timed once
-                assert sum(stage.step_durations.counts) == stage.num_steps > 0
-            # callers at once (/metrics and /health): each gets both stages' answers (a stage answers by its name)
-            for answer in await asyncio.gather(*(engine.stats(timeout=30) for _ in range(3))):
-                assert set(answer) == {"talker", "code2wav"}
-    run(main())
+    chunks_before = (await engine.stats())["code2wav"].connector_chunks
+    results = await asyncio.gather(*(collect(engine, r, request_id=f"req-{i}") for i, r in enumerate(requests)))
+    for (audio, usage, _), expected in zip(results, offline):
+        assert audio.dtype == np.float32 and audio.shape == expected.audio.shape
+        np.testing.assert_allclose(audio, expected.audio, atol=1e-5, rtol=0)
+        assert usage.output_frames == expected.codes.shape[0]
+    stats = await engine.stats()
+    assert stats["talker"].request_ids == [] and stats["code2wav"].request_ids == []
+    ring = stats["code2wav"]
+    latencies = ring.connector_latencies
+    assert ring.connector_chunks >= chunks_before + 24 and sum(latencies.counts) == ring.connector_chunks
+    assert 0 < latencies.sum / ring.connector_chunks < 60  # seconds (not ns): a unit check, not a speed one
+    for stage in stats.values():  # every engine step timed once
+        assert sum(stage.step_durations.counts) == stage.num_steps > 0
+    # callers at once (/metrics and /health): each gets both stages' answers (a stage answers by its name)
+    for answer in await asyncio.gather(*(engine.stats(timeout=30) for _ in range(3))):
+        assert set(answer) == {"talker", "code2wav"}
 
 
-def test_cancelled_requests_are_freed_in_both_stages():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_cancelled_requests_are_freed_in_both_stages(engine):
     tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
     requests = many_requests(20, max_new_tokens=60)
     cancelled = {1, 4, 8, 13, 17}
@@ -118,97 +129,90 @@ def test_cancelled_requests_are_freed_in_both_stages():
         requests[i] = SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan", sampling=SamplingParams(
             temperature=0, repetition_penalty=1.0, max_new_tokens=2000))
     offline = synthesize(tts, requests)
+    started = {i: asyncio.Event() for i in cancelled}
 
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            started = {i: asyncio.Event() for i in cancelled}
-
-            async def run_one(i, r):
-                chunks = []
-                async for chunk in engine.generate(r, request_id=f"req-{i}"):
-                    chunks.append(chunk)
-                    if i in started:
-                        started[i].set()
-                return np.concatenate([c.audio for c in chunks])
-            tasks = [asyncio.create_task(run_one(i, r)) for i, r in enumerate(requests)]
-            for i in cancelled:
-                await asyncio.wait_for(started[i].wait(), 60)
-                tasks[i].cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for i, (result, expected) in enumerate(zip(results, offline)):
-                if i in cancelled:
-                    assert isinstance(result, asyncio.CancelledError), result
-                    continue
-                np.testing.assert_allclose(result, expected.audio, atol=1e-5, rtol=0)
-            stats = await engine.stats()
-            for stage in ("talker", "code2wav"):
-                assert stats[stage].request_ids == [], (stage, stats[stage].request_ids)
-    run(main())
+    async def run_one(i, r):
+        chunks = []
+        async for chunk in engine.generate(r, request_id=f"req-{i}"):
+            chunks.append(chunk)
+            if i in started:
+                started[i].set()
+        return np.concatenate([c.audio for c in chunks])
+    tasks = [asyncio.create_task(run_one(i, r)) for i, r in enumerate(requests)]
+    for i in cancelled:
+        await asyncio.wait_for(started[i].wait(), 60)
+        tasks[i].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for i, (result, expected) in enumerate(zip(results, offline)):
+        if i in cancelled:
+            assert isinstance(result, asyncio.CancelledError), result
+            continue
+        np.testing.assert_allclose(result, expected.audio, atol=1e-5, rtol=0)
+    stats = await engine.stats()
+    for stage in ("talker", "code2wav"):
+        assert stats[stage].request_ids == [], (stage, stats[stage].request_ids)
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("kind", ["shm", "tcp", "local"])
-def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(kind):
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), stage_config(kind)) as engine:
-            assert_connector(engine, kind)
-            with pytest.raises(RequestError, match="unknown voice"):
-                await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
-            with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
-                await collect(engine, many_requests(1)[0], initial_codec_chunk_frames=0)
-            audio, usage, _ = await collect(engine, many_requests(1)[0])
-            assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
-            before = await engine.stats()
-            await asyncio.sleep(2.0)  # a window to measure over, not a wait: nothing is to happen in it
-            after = await engine.stats()
-            for stage in ("talker", "code2wav"):
-                busy = (after[stage].cpu_seconds - before[stage].cpu_seconds) / 2.0
-                print(f"idle CPU {stage}: {busy * 100:.2f}%")
-                assert busy < 0.05, (stage, busy)
-    run(main())
+async def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(engine, kind):
+    async with pipeline(engine, "tiny-custom-voice", kind) as engine:
+        assert_connector(engine, kind)
+        with pytest.raises(RequestError, match="unknown voice"):
+            await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
+        with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
+            await collect(engine, many_requests(1)[0], initial_codec_chunk_frames=0)
+        audio, usage, _ = await collect(engine, many_requests(1)[0])
+        assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
+        before = await engine.stats()
+        await asyncio.sleep(2.0)  # a window to measure over, not a wait: nothing is to happen in it
+        after = await engine.stats()
+        for stage in ("talker", "code2wav"):
+            busy = (after[stage].cpu_seconds - before[stage].cpu_seconds) / 2.0
+            print(f"idle CPU {stage}: {busy * 100:.2f}%")
+            assert busy < 0.05, (stage, busy)
 
 
-def test_chunks_of_unknown_requests_get_no_decoder_state():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_chunks_of_unknown_requests_get_no_decoder_state(engine):
     """A connector chunk whose request code2wav has not registered gets no decoder state (one from a stray writer
     would otherwise hold it until an end marker that never comes): it waits for its Register, sent before the talker
     gets the request but on another socket, and is decoded once that comes; one whose Register does not come is
     dropped and counted."""
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            async def taken(num_chunks):
-                stats = (await engine.stats())["code2wav"]
-                return stats.connector_chunks >= num_chunks and stats
+    before = (await engine.stats())["code2wav"]
 
-            forge_chunk(engine, "stray", np.zeros((4, 16), np.int32))
-            assert (await eventually_async(lambda: taken(1), what="the stray chunk taken")).request_ids == []
-            forge_chunk(engine, "early", np.ones((4, 16), np.int32))
-            assert (await eventually_async(lambda: taken(2), what="the early chunk taken")).request_ids == []
-            state = engine.client.add("early", 0)
-            await engine.client.send(state, "code2wav", Register("early"))
-            chunk = await asyncio.wait_for(anext(engine.client.outputs(state)), 30)
-            assert chunk.audio.shape[0] == 4 * 1920  # its early chunk, decoded
-            await engine.client.release(state)
+    async def taken(num_chunks):
+        stats = (await engine.stats())["code2wav"]
+        return stats.connector_chunks >= before.connector_chunks + num_chunks and stats
 
-            async def stray_dropped():
-                stats = (await engine.stats())["code2wav"]
-                assert "stray" not in stats.request_ids
-                return stats.unknown_chunks > 0 and stats
-            stats = await eventually_async(stray_dropped, what="the stray chunk dropped")
-            assert stats.unknown_chunks == 1 and stats.request_ids == []
-            audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
-            assert audio.shape[0] == usage.output_frames * 1920 > 0
-    run(main())
+    forge_chunk(engine, "stray", np.zeros((4, 16), np.int32))
+    assert (await eventually_async(lambda: taken(1), what="the stray chunk taken")).request_ids == []
+    forge_chunk(engine, "early", np.ones((4, 16), np.int32))
+    assert (await eventually_async(lambda: taken(2), what="the early chunk taken")).request_ids == []
+    state = engine.client.add("early", 0)
+    await engine.client.send(state, "code2wav", Register("early"))
+    chunk = await asyncio.wait_for(anext(engine.client.outputs(state)), 30)
+    assert chunk.audio.shape[0] == 4 * 1920  # its early chunk, decoded
+    await engine.client.release(state)
+
+    async def stray_dropped():
+        stats = (await engine.stats())["code2wav"]
+        assert "stray" not in stats.request_ids
+        return stats.unknown_chunks > before.unknown_chunks and stats
+    stats = await eventually_async(stray_dropped, what="the stray chunk dropped")
+    assert stats.unknown_chunks == before.unknown_chunks + 1 and stats.request_ids == []
+    audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
+    assert audio.shape[0] == usage.output_frames * 1920 > 0
 
 
-def test_a_failed_requests_abort_is_held_until_it_ran():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_failed_requests_abort_is_held_until_it_ran(engine):
     """The loop keeps only a weak reference to a task: the abort that a failure starts is held by the client until
     it is done, and then let go."""
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            state = engine.client.add("failing", 1)
-            engine.client.fail(state, RequestFailed("a stage refused it"))
-            [abort] = engine.client.pending_aborts
-            await abort
-            assert not engine.client.pending_aborts and "failing" not in engine.requests
-            with pytest.raises(RequestFailed, match="a stage refused it"):
-                await anext(engine.client.outputs(state))
-    run(main())
+    state = engine.client.add("failing", 1)
+    engine.client.fail(state, RequestFailed("a stage refused it"))
+    [abort] = engine.client.pending_aborts
+    await abort
+    assert not engine.client.pending_aborts and "failing" not in engine.requests
+    with pytest.raises(RequestFailed, match="a stage refused it"):
+        await anext(engine.client.outputs(state))

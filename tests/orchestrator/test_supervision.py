@@ -1,7 +1,9 @@
 """Supervision and self-healing (issue 10): real stage processes, real faults — kill -9, SIGSTOP, a corrupt ring
 chunk, an exception in the orchestrator's event task, a slow consumer, a killed server process. Every fault fails
-the in-flight requests fast, the pipeline restarts by itself, and a greedy request afterwards equals its golden."""
+the in-flight requests fast, the pipeline restarts by itself, and a greedy request afterwards equals its golden.
+The faults that need no settings of their own share one pipeline (a start is seconds): it recovers from each."""
 import asyncio
+import contextlib
 import http.client
 import json
 import mmap
@@ -13,6 +15,7 @@ import time
 import _posixshmem
 import numpy as np
 import pytest
+import pytest_asyncio
 import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
@@ -24,7 +27,7 @@ from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDea
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from server_util import ServerProcess, stage_pids
-from waiting import RESTART_TIMEOUT, eventually, eventually_async
+from waiting import RESTART_TIMEOUT, SHARED_PIPELINE, eventually, eventually_async
 
 CASE = next(c for c in GOLDEN_CASES if c["variant"] == "tiny-custom-voice")
 
@@ -90,47 +93,66 @@ def shm_blocks(owner_pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{owner_pid}_")]
 
 
-async def fault_then_recover(fault, reason: str = "", pipeline: str | PipelineConfig = "cpu_tiny",
-                             **supervision) -> None:
-    """Start an engine, hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails
-    with an error that names the failed stage and `reason` (held with no deadline of their own, only the supervisor
-    can have ended them), requests during recovery are refused, the pipeline is healthy again and a greedy request
-    equals its golden audio; at shutdown nothing is left."""
-    if isinstance(pipeline, str):
-        pipeline = load_stage_config(pipeline)
-    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), pipeline, SupervisionSettings(**supervision))
+@contextlib.asynccontextmanager
+async def pipeline(config: str | PipelineConfig = "cpu_tiny", **engine_kwargs):
+    """A started engine of tiny-custom-voice; at its shutdown none of its processes or shared memory is left."""
+    before = set(shm_blocks(os.getpid()))
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"),
+                      load_stage_config(config) if isinstance(config, str) else config, **engine_kwargs)
     await engine.start()
-    old_pids = engine.stage_pids()
     try:
-        tasks = [h.task for h in await hold(engine, 4)]
-        expected_stage = fault(engine)
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
-        assert all(isinstance(r, StageDeadError) for r in results), results
-        assert all(str(r).startswith(f"stage {expected_stage} failed: {reason}") for r in results), results
-        assert engine.restarts[expected_stage] >= 1 or engine.down == expected_stage
-        if not engine.is_healthy:
-            with pytest.raises(StageDeadError, match="restarting"):
-                await collect(engine, long_requests(1)[0])
-        await eventually_async(lambda: engine.is_healthy, RESTART_TIMEOUT,
-                               lambda: f"healthy again: {engine.down, engine.down_reason, engine.fatal}")
-        assert engine.restarts[expected_stage] == 1
-        assert not any(alive(pid) for pid in old_pids.values())  # the failed pipeline's processes are gone
-        request = case_requests(CASE)[0]
-        audio = await collect(engine, request)
-        np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
+        yield engine
     finally:
         pids = engine.stage_pids()
         await engine.shutdown()
     assert not any(alive(pid) for pid in pids.values())
-    assert shm_blocks(os.getpid()) == []
+    assert set(shm_blocks(os.getpid())) - before == set()
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine():
+    """The module's pipeline for the faults that need no settings of their own (fewer than its restart limit)."""
+    async with pipeline(**SHARED_PIPELINE) as engine:
+        yield engine
+
+
+async def fault_then_recover(engine: AsyncTTS, fault, reason: str = "") -> None:
+    """Hold 4 requests in flight, inject `fault(engine)`, and check: every in-flight request fails with an error that
+    names the failed stage and `reason` (held with no deadline of their own, only the supervisor can have ended
+    them), requests during recovery are refused, the pipeline is healthy again, restarted once, without the failed
+    pipeline's processes, and a greedy request equals its golden audio."""
+    old_pids, restarts = engine.stage_pids(), engine.restarts.copy()
+    tasks = [h.task for h in await hold(engine, 4)]
+    expected_stage = fault(engine)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+    assert all(isinstance(r, StageDeadError) for r in results), results
+    assert all(str(r).startswith(f"stage {expected_stage} failed: {reason}") for r in results), results
+    assert engine.restarts[expected_stage] > restarts[expected_stage] or engine.down == expected_stage
+    if not engine.is_healthy:
+        with pytest.raises(StageDeadError, match="restarting"):
+            await collect(engine, long_requests(1)[0])
+    await eventually_async(lambda: engine.is_healthy, RESTART_TIMEOUT,
+                           lambda: f"healthy again: {engine.down, engine.down_reason, engine.fatal}")
+    assert engine.restarts - restarts == {expected_stage: 1}
+    assert not any(alive(pid) for pid in old_pids.values())  # the failed pipeline's processes are gone
+    audio = await collect(engine, case_requests(CASE)[0])
+    np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
+
+
+async def fault_then_recover_alone(fault, reason: str, config: str | PipelineConfig = "cpu_tiny",
+                                   **engine_kwargs) -> None:
+    """`fault_then_recover` on a pipeline of its own, with these settings."""
+    async with pipeline(config, **engine_kwargs) as engine:
+        await fault_then_recover(engine, fault, reason)
+
+
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("stage", ["talker", "code2wav"])
-def test_killed_stage_fails_requests_fast_and_the_pipeline_restarts(stage):
+async def test_killed_stage_fails_requests_fast_and_the_pipeline_restarts(engine, stage):
     def kill(engine):
         os.kill(engine.stage_pids()[stage], signal.SIGKILL)
         return stage
-    asyncio.run(fault_then_recover(kill, reason="killed by signal SIGKILL"))
+    await fault_then_recover(engine, kill, reason="killed by signal SIGKILL")
 
 
 @pytest.mark.parametrize("fault", ["kill", "code2wav control"])
@@ -150,7 +172,7 @@ def test_the_fused_process_fails_whole_names_the_stage_and_restarts(fault):
             sock.close(linger=1000)
         return "code2wav"
     reason = "killed by signal SIGKILL" if fault == "kill" else "ThreadFailed: code2wav control thread failed"
-    asyncio.run(fault_then_recover(inject, reason=reason, pipeline=stage_config("local")))
+    asyncio.run(fault_then_recover_alone(inject, reason, stage_config("local")))
 
 
 def test_stopped_stage_is_declared_hung_killed_and_restarted():
@@ -160,11 +182,13 @@ def test_stopped_stage_is_declared_hung_killed_and_restarted():
         stopped.append(engine.stage_pids()["code2wav"])
         os.kill(stopped[0], signal.SIGSTOP)
         return "code2wav"
-    asyncio.run(fault_then_recover(stop, reason="hung: no heartbeat", heartbeat_timeout=1.5))
+    asyncio.run(fault_then_recover_alone(stop, "hung: no heartbeat",
+                                         supervision=SupervisionSettings(heartbeat_timeout=1.5)))
     assert not alive(stopped[0])
 
 
-def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts(engine):
     """A chunk header the reader cannot parse: its slot goes back to the writer and the stage fails loudly
     (its request would otherwise wait forever for a chunk that was dropped)."""
     def corrupt(engine):
@@ -179,42 +203,35 @@ def test_corrupt_ring_chunk_fails_the_stage_and_the_pipeline_restarts():
             sock.send(struct.pack("<I", slot))
             sock.close(linger=1000)
         return "code2wav"
-    asyncio.run(fault_then_recover(corrupt, reason="ThreadFailed: code2wav connector thread failed"))
+    await fault_then_recover(engine, corrupt, reason="ThreadFailed: code2wav connector thread failed")
 
 
-def test_codes_out_of_range_fail_one_request_not_the_stage():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_codes_out_of_range_fail_one_request_not_the_stage(engine):
     """A chunk whose codes the decoder cannot look up (as fuzzing once produced) fails its own request with a clear
     error; the requests batched beside it finish, and no stage dies or restarts."""
-    async def main():
-        engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
-        await engine.start()
-        pids = engine.stage_pids()
-        try:
-            victim = HeldRequest(engine, "victim")
-            others = await hold(engine, 2)
-            await asyncio.wait_for(victim.started.wait(), 60)
-            victim_task = victim.task
-            # the ring hands its slots out in order and three short requests used a few: its last one, which the
-            # forged chunk takes, is free on both sides; the talker is held still so that it stays so
-            assert (await engine.stats())["code2wav"].connector_chunks < engine.connector_spec.num_slots // 2
-            os.kill(pids["talker"], signal.SIGSTOP)
-            try:
-                forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
-                with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk \d+ \(generated\): "
-                                   r"codes in \[4096, 4096\]"):
-                    await asyncio.wait_for(victim_task, 30)
-            finally:
-                os.kill(pids["talker"], signal.SIGCONT)
-            for other in others:
-                await other.finish()
-            for audio in await asyncio.wait_for(asyncio.gather(*(h.task for h in others)), 60):
-                assert audio.size > 0
-            assert engine.is_healthy and sum(engine.restarts.values()) == 0 and engine.stage_pids() == pids
-            audio = await collect(engine, case_requests(CASE)[0])
-            np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
-        finally:
-            await engine.shutdown()
-    asyncio.run(main())
+    pids, restarts = engine.stage_pids(), engine.restarts.copy()
+    victim = HeldRequest(engine, "victim")
+    others = await hold(engine, 2)
+    await asyncio.wait_for(victim.started.wait(), 60)
+    # the ring hands its slots out in order and these short requests used a few: its last one, which the forged
+    # chunk takes, is free on both sides; the talker is held still so that it stays so
+    assert (await engine.stats())["code2wav"].connector_chunks < engine.connector_spec.num_slots // 2
+    os.kill(pids["talker"], signal.SIGSTOP)
+    try:
+        forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
+        with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk \d+ \(generated\): "
+                           r"codes in \[4096, 4096\]"):
+            await asyncio.wait_for(victim.task, 30)
+    finally:
+        os.kill(pids["talker"], signal.SIGCONT)
+    for other in others:
+        await other.finish()
+    for audio in await asyncio.wait_for(asyncio.gather(*(h.task for h in others)), 60):
+        assert audio.size > 0
+    assert engine.is_healthy and engine.restarts == restarts and engine.stage_pids() == pids
+    audio = await collect(engine, case_requests(CASE)[0])
+    np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
 
 
 def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
@@ -235,14 +252,15 @@ def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
         sock.close(linger=1000)
 
 
-def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts():
+@pytest.mark.asyncio(loop_scope="module")
+async def test_exception_in_the_event_task_fails_requests_and_the_pipeline_restarts(engine):
     def garbage_event(engine):
         with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
             sock.connect(engine.event_address)
             sock.send(b"\xc1 not msgpack")
             sock.close(linger=1000)
         return "orchestrator"
-    asyncio.run(fault_then_recover(garbage_event, reason="DecodeError: "))
+    await fault_then_recover(engine, garbage_event, reason="DecodeError: ")
 
 
 def test_restarts_beyond_the_limit_make_the_engine_give_up():
@@ -292,27 +310,25 @@ async def wait_until_no_stage_holds_requests(engine: AsyncTTS) -> None:
     await eventually_async(none_held, what="no stage holding a request")
 
 
-def test_request_deadlines_end_and_abort_the_request():
-    async def main():
-        async with AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny")) as engine:
-            # a deadline already past when the request is sent: it expires before any audio can come back
-            with pytest.raises(RequestTimedOut, match="no audio within 0 s") as late:
-                await collect_with(engine, long_requests(1)[0], first_audio_timeout=0)
-            assert late.value.before_first_audio
-            await wait_until_no_stage_holds_requests(engine)
-            chunks = []
-            # its text never ends, so only the deadline can end it; the first audio comes long before 3 s
-            stream = await engine.open_text_stream(SynthesisRequest(text="", voice="ryan", sampling=GREEDY),
-                                                   first_audio_timeout=30, timeout=3, idle_timeout=600)
-            await stream.append(HELD_TEXT)
-            with pytest.raises(RequestTimedOut, match="did not finish within 3 s") as long:
-                async for chunk in stream:
-                    chunks.append(chunk)
-            await stream.aclose()
-            assert chunks and not long.value.before_first_audio
-            await wait_until_no_stage_holds_requests(engine)
-            assert engine.requests == {} and engine.is_healthy
-    asyncio.run(main())
+@pytest.mark.asyncio(loop_scope="module")
+async def test_request_deadlines_end_and_abort_the_request(engine):
+    # a deadline already past when the request is sent: it expires before any audio can come back
+    with pytest.raises(RequestTimedOut, match="no audio within 0 s") as late:
+        await collect_with(engine, long_requests(1)[0], first_audio_timeout=0)
+    assert late.value.before_first_audio
+    await wait_until_no_stage_holds_requests(engine)
+    chunks = []
+    # its text never ends, so only the deadline can end it; the first audio comes long before 3 s
+    stream = await engine.open_text_stream(SynthesisRequest(text="", voice="ryan", sampling=GREEDY),
+                                           first_audio_timeout=30, timeout=3, idle_timeout=600)
+    await stream.append(HELD_TEXT)
+    with pytest.raises(RequestTimedOut, match="did not finish within 3 s") as long:
+        async for chunk in stream:
+            chunks.append(chunk)
+    await stream.aclose()
+    assert chunks and not long.value.before_first_audio
+    await wait_until_no_stage_holds_requests(engine)
+    assert engine.requests == {} and engine.is_healthy
 
 
 async def collect_with(engine: AsyncTTS, request: SynthesisRequest, **kwargs) -> list:
