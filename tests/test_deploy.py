@@ -19,7 +19,7 @@ import yaml
 from huggingface_hub.utils import validate_repo_id
 
 from omni_tts.config import available_stage_configs, load_stage_config
-from omni_tts.entrypoints.cli import build_parser
+from omni_tts.entrypoints.cli.commands import build_parser
 from omni_tts.entrypoints.api.metrics import ServerMetrics
 from omni_tts.entrypoints.api.openapi import openapi_document
 

@@ -1,4 +1,6 @@
-"""Stage-config schema and loader (`omni_tts/stage_configs/*.yaml` -> `PipelineConfig`)."""
+"""The bottom layer of settings: the stage-config schema and loader (`omni_tts/stage_configs/*.yaml` ->
+`PipelineConfig`), the server's and the narrator's settings with the CLI options made from them (settings.py,
+options.py), and torch threads."""
 from omni_tts.config.stage_config import (
     STAGE_CONFIG_DIR,
     Code2WavStageConfig,

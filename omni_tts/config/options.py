@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 _OPTION = "option"
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, setti
         parser.add_argument(flag, **{**kwargs, **option.argparse})
 
 
-def from_options(settings: type, args: argparse.Namespace, **others: Any) -> Any:
+def from_options(settings: type[T], args: argparse.Namespace, **others: Any) -> T:
     """`settings` built from the options `add_options` made (a list option as a tuple) and `others`, its other
     fields."""
     values = {f.name: getattr(args, f.name) for f, _, _ in _options(settings)}

@@ -19,14 +19,15 @@ import torch
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
-from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest, TalkerPrompt, embed_prompt
-from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling, SamplingError, resolve_sampling
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest, TalkerPrompt, embed_prompt
+from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling
 from omni_tts.models.qwen3_tts.speech_decoder import SpeechDecoder
 from omni_tts.models.qwen3_tts.talker import Talker
 
 from .code2wav_engine import CodecChunk, Code2WavEngine
 from .talker_engine import TalkerEngine, TalkerRequest
-from .token_limit import TOKEN_CAP_FLOOR, token_limit
+from .talker_input import give_voice, prepare_talker_input
+from .token_limit import TOKEN_CAP_FLOOR
 
 
 @dataclass
@@ -57,22 +58,15 @@ class SynthesisResult:
 
 def prepare(tts: Qwen3TTS, request: SynthesisRequest, token_cap_floor: int | None = TOKEN_CAP_FLOOR
             ) -> PreparedRequest:
-    """Tokenize, resolve sampling, add Base voice features and embed: RequestError names the offending field.
-    token_cap_floor None disables the text-length cap on the token limit (`token_limit`)."""
-    prompt = tts.tokenize(request)
-    if request.ref_codes is not None:  # given ICL reference codes (tokenize checked them)
-        prompt.ref_codes = torch.from_numpy(np.asarray(request.ref_codes, dtype=np.int64))
-    try:
-        sampling = resolve_sampling(request.sampling, tts.generation_config)
-    except SamplingError as e:
-        raise RequestError(e.param, str(e)) from None
-    if request.speaker_embedding is not None:  # the x-vector itself (tokenize checked it)
-        prompt.speaker_embedding = torch.from_numpy(np.asarray(request.speaker_embedding, dtype=np.float32))
-    else:
+    """The request as the talker stage would take it (talker_input.py), its Base voice features and its rows:
+    RequestError names the offending field. token_cap_floor None disables the text-length cap on the token limit
+    (`token_limit`)."""
+    talker_input = prepare_talker_input(tts.prompts, tts.generation_config, request, token_cap_floor=token_cap_floor)
+    prompt = talker_input.prompt
+    if not give_voice(prompt, talker_input.ref_codes, talker_input.speaker_embedding):
         tts.add_voice_features(prompt, request.ref_audio)
     prefill, trailing = embed_prompt(tts.talker, tts.config, prompt)
-    limit = token_limit(sampling.max_new_tokens, len(prompt.text_ids), token_cap_floor)
-    return PreparedRequest(prompt, prefill, trailing, sampling, limit)
+    return PreparedRequest(prompt, prefill, trailing, talker_input.sampling, talker_input.max_tokens)
 
 
 @torch.no_grad()

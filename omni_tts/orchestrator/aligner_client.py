@@ -1,8 +1,9 @@
 """The forced-aligner stage seen from the API process: spawn it, ask it for word times, restart it when it dies.
 
-It has its own supervision, apart from the TTS pipeline's: the aligner is off the audio path, so its failure never
-fails a request. Alignments in flight when it exits (or that wait past `timeout_s`) end in `AlignerUnavailable`,
-which a response turns into `timestamps: null` with the reason; the process is started again after a backoff.
+It is supervised apart from the TTS pipeline, the same way (processes.py): the aligner is off the audio path, so its
+failure never fails a request. Alignments in flight when it exits (or that wait past `timeout_s`) end in
+`AlignerUnavailable`, which a response turns into `timestamps: null` with the reason; the process is started again
+after the pipeline's backoff, within the same load deadline, and given up on after as many restarts.
 With placement `code2wav` the aligner is a thread of code2wav's process (the supervisor passes it `launch`): this
 client then watches that process (a pidfd) instead of spawning one, and the aligner comes back with the pipeline.
 """
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 
 import msgspec
@@ -35,11 +34,10 @@ from omni_tts.stages.messages import (
     StageFailed,
 )
 
-from .processes import exit_description, stop_process
+from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
 
 logger = logging.getLogger(__name__)
 
-RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 WordTimes = list[tuple[str, int, int]]   # (word, start_ms, end_ms), in text order
 
@@ -58,14 +56,12 @@ class AlignerClient:
         self._ipc_dir = tempfile.mkdtemp(prefix=f"omni_tts_{os.getpid()}_aligner_")
         self._events_address = f"ipc://{self._ipc_dir}/events"
         self._command: zmq.asyncio.Socket | None = None
-        self._process: multiprocessing.Process | None = None
-        self._ready: asyncio.Future | None = None
+        self._stage: StageWatch | None = None       # its own process (placement process)
+        self._restarts = Restarts("forced aligner", supervision)
+        self._recovery: asyncio.Task | None = None
+        self._ready: asyncio.Future | None = None    # hosted: Ready from code2wav's thread
         self._pending: dict[tuple[str, int], asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
-        self._restart: asyncio.Task | None = None
-        self._failures = 0
-        self._started = False   # once ready, a death is restarted; before, start() raises
-        self._last_failure = ""
         self.closed = False
         self.down_reason: str | None = "the aligner stage is starting"
         self.hosted = config.placement == "code2wav"
@@ -78,7 +74,7 @@ class AlignerClient:
 
     def status(self) -> dict:
         """For /health: whether it aligns now (else why not), its process and the spans it owes."""
-        pid = self._host[0] if self._host else self._process.pid if self._process is not None else None
+        pid = self._host[0] if self._host else self._stage.process.pid if self._stage is not None else None
         return {"ready": self.down_reason is None, "reason": self.down_reason, "placement": self.config.placement,
                 "pid": pid, "pending": len(self._pending)}
 
@@ -89,7 +85,8 @@ class AlignerClient:
         self._events = self._ctx.socket(zmq.PULL)
         self._events.setsockopt(zmq.LINGER, 0)
         self._events.bind(self._events_address)   # a hosted aligner's Ready waits in its PUSH until this bind
-        self._ready = asyncio.get_running_loop().create_future()
+        if self.hosted:
+            self._ready = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read_events())
         if not self.hosted:
             await self._spawn()
@@ -123,38 +120,38 @@ class AlignerClient:
         if self.closed:
             return
         self.closed = True
-        for task in (self._restart, self._reader):
+        for task in (self._recovery, self._reader):
             if task is not None:
                 task.cancel()
         self._unwatch_host()
-        if self._process is not None:
-            if self._process.is_alive() and self._command is not None:
+        if self._stage is not None:
+            if self._stage.process.is_alive() and self._command is not None:
                 await self._command.send(msgspec.msgpack.encode(Shutdown()))
-                await asyncio.to_thread(self._process.join, 5)
-            asyncio.get_running_loop().remove_reader(self._process.sentinel)
-            stop_process(self._process)
+                await asyncio.to_thread(self._stage.process.join, 5)
+            self._stage.unwatch()
+            stop_process(self._stage.process)
         self._fail_pending("the server is shutting down")
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     async def _spawn(self) -> None:
-        process = multiprocessing.get_context("spawn").Process(
-            target=aligner_stage.main, args=(msgspec.msgpack.encode(self.launch),), name="omni-tts-aligner",
-            daemon=True)
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as the TTS stages (supervisor.py)
-        try:
-            process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        """Start the aligner's process; returns once it has loaded, raises if it fails to or hangs past the load
+        deadline."""
+        process = spawn(aligner_stage.main, (msgspec.msgpack.encode(self.launch),), "omni-tts-aligner", "aligner")
         self._connect()
-        if self._ready.done():
-            self._ready = asyncio.get_running_loop().create_future()
-        self._process = process
-        asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, process)
-        await asyncio.wait_for(asyncio.shield(self._ready), self.supervision.startup_timeout)
-        self.down_reason, self._failures, self._started = None, 0, True
+        self._stage = StageWatch("aligner", process)
+        self._stage.watch_exit(self._on_exit)
+        await wait_ready([self._stage], self.supervision.startup_timeout)
+        self.down_reason = None
         logger.info("forced aligner ready (pid %d, %s)", process.pid, self.config.device)
+
+    async def _stop(self) -> None:
+        """Its process ended (killed if need be: one that hangs while loading reads no command)."""
+        self._stage.unwatch()
+        if self._stage.process.is_alive():
+            self._stage.process.kill()
+        await asyncio.to_thread(stop_process, self._stage.process)
 
     def _connect(self) -> None:
         if self._command is not None:
@@ -169,7 +166,7 @@ class AlignerClient:
         fd = os.pidfd_open(pid)
         self._host = (pid, fd)
         asyncio.get_running_loop().add_reader(fd, self._on_host_exit)
-        self.down_reason, self._started = None, True
+        self.down_reason = None
         logger.info("forced aligner ready (a thread of code2wav's process %d, %s)", pid, self.config.device)
 
     def _unwatch_host(self) -> None:
@@ -197,41 +194,39 @@ class AlignerClient:
                     else:
                         future.set_exception(AlignerUnavailable(event.error))
             elif isinstance(event, Ready):
-                if self._ready is not None and not self._ready.done():
+                if not self.hosted:
+                    self._stage.on_ready(event.pid)
+                    continue
+                if not self._ready.done():
                     self._ready.set_result(event.pid)
-                if self.hosted:
-                    self._watch_host(event.pid)
+                self._watch_host(event.pid)
             elif isinstance(event, StageFailed):
-                self._last_failure = event.message
                 logger.error("forced aligner stage failed: %s\n%s", event.message, event.error)
-                if self.hosted:  # the thread ended; code2wav's process goes on
-                    self.down_reason = f"the aligner failed ({event.message})"
-                    self._fail_pending(self.down_reason)
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_exception(RuntimeError(f"the forced aligner did not load: {event.message}"))
+                if not self.hosted:
+                    self._stage.on_failed(event.message)   # its exit follows
+                    continue
+                # the thread ended; code2wav's process goes on
+                self.down_reason = f"the aligner failed ({event.message})"
+                self._fail_pending(self.down_reason)
+                if not self._ready.done():
+                    self._ready.set_exception(RuntimeError(f"the forced aligner did not load: {event.message}"))
 
-    def _on_exit(self, process: multiprocessing.Process) -> None:
-        asyncio.get_running_loop().remove_reader(process.sentinel)
-        process.join(0)
-        why = self._last_failure or exit_description(process)
-        self._last_failure = ""
-        if self._ready is not None and not self._ready.done():  # it died while loading
-            self._ready.set_exception(RuntimeError(f"the forced aligner stage exited while loading: {why}"))
-        if self.closed or not self._started:
+    def _on_exit(self, why: str) -> None:
+        ready = self._stage.ready
+        if not ready.done():  # it died while loading: its start fails (start() raises it, a restart retries)
+            ready.set_exception(RuntimeError(f"the forced aligner stage exited while loading: {why}"))
+            ready.exception()  # retrieved: a start past its deadline waits no more
+            return
+        if self.closed:
             return
         self.down_reason = f"the aligner stage exited ({why}); it is restarting"
         logger.error("forced aligner stage exited (%s): pending alignments get no timestamps; restarting", why)
         self._fail_pending(self.down_reason)
-        self._restart = asyncio.create_task(self._restart_later())
+        self._recovery = asyncio.create_task(self._recover(why))
 
-    async def _restart_later(self) -> None:
-        delay = RESTART_BACKOFF_S[min(self._failures, len(RESTART_BACKOFF_S) - 1)]
-        self._failures += 1
-        await asyncio.sleep(delay)
-        try:
-            await self._spawn()
-        except Exception as e:  # noqa: BLE001 - the exit watcher schedules the next attempt
-            logger.error("forced aligner restart failed: %s", e)
+    async def _recover(self, why: str) -> None:
+        if not await self._restarts.restart(self._stop, self._spawn, f"the aligner stage {why}"):
+            self.down_reason = f"the aligner failed for good: {self._restarts.fatal}"
 
     def _fail_pending(self, reason: str) -> None:
         for future in self._pending.values():

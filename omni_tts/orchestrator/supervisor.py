@@ -5,21 +5,20 @@ A stage that exits, reports a failure, stops sending heartbeats or stays inside 
 and an exception in the event task, each take one path (`_pipeline_failed`): `on_failure` fails every in-flight
 request at once, both stage processes are killed, and the pipeline is started again after a backoff. More than
 `max_restarts` restarts within `restart_window` seconds and the supervisor gives up (`fatal`), so a process
-supervisor outside can take over. Nothing here knows about requests: the stage client (stage_client.py) decodes the
-events and reports the stages' Ready, Heartbeat and StageFailed back here.
+supervisor outside can take over (the watching and restarting are processes.py's, which the aligner's client
+shares). Nothing here knows about requests: the stage client (stage_client.py) decodes the events and reports the
+stages' Ready, Heartbeat and StageFailed back here.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import msgspec
@@ -27,7 +26,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_tts.config import PipelineConfig, code2wav_lanes, stage_environment, stage_threads
+from omni_tts.config import PipelineConfig, code2wav_lanes, stage_threads
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors import cleanup_stale_blocks
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
@@ -35,27 +34,15 @@ from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.messages import AlignerLaunch, Shutdown, StageLaunch
 
-from .processes import exit_description, stop_process
+from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
 from .types import StageDeadError
 
 logger = logging.getLogger(__name__)
 
-# how long an exited stage's StageFailed may take to arrive: the stage sends it before exiting, but the exit can be
-# seen first (process sentinel vs. the event socket)
-FAILURE_REPORT_GRACE = 0.5
 
-
-@dataclass
-class StageProcess:
-    name: str
-    process: multiprocessing.Process
-    command: zmq.asyncio.Socket
-    pid: int | None = None
-    ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    heartbeat_at: float = field(default_factory=time.monotonic)
-    busy_seconds: float = 0.0
-    reported: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())  # StageFailed
-    exit_wait: asyncio.Task | None = None   # after the process exited: waits for its report
+@dataclass(kw_only=True)
+class StageProcess(StageWatch):
+    command: zmq.asyncio.Socket   # the stage's control socket
 
 
 class StageSupervisor:
@@ -79,12 +66,11 @@ class StageSupervisor:
         self.epoch = 0                      # counts pipeline starts: a request belongs to the one it entered
         self.down: str | None = None        # the stage (or "orchestrator") whose failure is being recovered from
         self.down_reason: str | None = None
-        self.fatal: str | None = None       # why the supervisor gave up restarting
         self.restarts: collections.Counter[str] = collections.Counter()  # by the stage that failed
         self.on_fatal: Callable[[str], None] | None = None   # called once on giving up
         self.closed = False
         self._failed = False                # this pipeline has failed (start() or _recover handles a starting one)
-        self._restart_times: collections.deque[float] = collections.deque()
+        self._restarts = Restarts("pipeline", supervision)
         self._connector: ConnectorOwner | None = None
         self._ipc_dir: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -103,6 +89,11 @@ class StageSupervisor:
     def event_address(self) -> str | None:
         """The running pipeline's event socket, where the stages send their events."""
         return f"ipc://{self._ipc_dir}/events" if self._ipc_dir is not None else None
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the supervisor gave up restarting."""
+        return self._restarts.fatal
 
     @property
     def is_healthy(self) -> bool:
@@ -132,22 +123,16 @@ class StageSupervisor:
 
     # --- what the stages report (decoded by the stage client) -------------------------------------------------
     def on_ready(self, name: str, pid: int) -> None:
-        stage = self.stages[name]
-        stage.pid, stage.heartbeat_at = pid, time.monotonic()
-        if not stage.ready.done():
-            stage.ready.set_result(None)
+        self.stages[name].on_ready(pid)
 
     def on_heartbeat(self, name: str, busy_seconds: float) -> None:
-        stage = self.stages[name]
-        stage.heartbeat_at, stage.busy_seconds = time.monotonic(), busy_seconds
+        self.stages[name].on_heartbeat(busy_seconds)
 
     def on_stage_failed(self, name: str, message: str, traceback: str) -> None:
         stage = self.stages[name]
-        serving = _serving(stage)
         # at start-up the message reaches the caller (start() raises it); the traceback is for debugging
-        logger.log(logging.ERROR if serving else logging.DEBUG, "stage %s failed:\n%s", name, traceback)
-        if not stage.reported.done():
-            stage.reported.set_result(None)
+        logger.log(logging.ERROR if stage.serving else logging.DEBUG, "stage %s failed:\n%s", name, traceback)
+        stage.on_failed(message)
         self._pipeline_failed(name, message)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
@@ -186,38 +171,23 @@ class StageSupervisor:
         self._tasks = [asyncio.create_task(self._event_loop(self._events)), asyncio.create_task(self._watchdog())]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
-        spawn = multiprocessing.get_context("spawn")
-        loop = asyncio.get_running_loop()
         self.stages = {}
         launches = {name: self._launch(name, f"ipc://{self._ipc_dir}/{name}") for name in ("talker", "code2wav")}
         # the fused layout (connector kind local) runs both stages in one process
         processes = ([("fused", fused_stage.main, ("talker", "code2wav"))] if conn.kind == "local" else
                      [("talker", talker_stage.main, ("talker",)), ("code2wav", code2wav_stage.main, ("code2wav",))])
         for process_name, entry, names in processes:
-            process = spawn.Process(target=entry, args=tuple(msgspec.msgpack.encode(launches[n]) for n in names),
-                                    name=f"omni-tts-{process_name}", daemon=True)
-            # Ctrl+C signals the whole process group: blocked from the fork on (the mask outlives exec), a stage never
-            # sees it while it imports torch, before run_stages ignores it (here it is delivered once restored)
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                with stage_environment(names[0]):
-                    process.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            process = spawn(entry, tuple(msgspec.msgpack.encode(launches[n]) for n in names),
+                            f"omni-tts-{process_name}", names[0])
             for name in names:
                 command = self._ctx.socket(zmq.PUSH)
                 command.setsockopt(zmq.LINGER, 0)
                 command.connect(launches[name].command_address)
-                self.stages[name] = StageProcess(name, process, command)
+                self.stages[name] = StageProcess(name=name, process=process, command=command)
             # a process's exit is watched once; a stage that failed names itself in its StageFailed
-            loop.add_reader(process.sentinel, self._on_stage_exit, self.stages[names[0]])
-        done, pending = await asyncio.wait([s.ready for s in self.stages.values()],
-                                           timeout=self.supervision.startup_timeout,
-                                           return_when=asyncio.FIRST_EXCEPTION)
-        for ready in done:
-            ready.result()  # a stage failed to start (wait_for(gather()), cancelled, would log an unretrieved error)
-        if pending:
-            raise StageDeadError(f"the stages were not ready within {self.supervision.startup_timeout:g} s")
+            first = self.stages[names[0]]
+            first.watch_exit(lambda why, name=first.name: self._pipeline_failed(name, why))
+        await wait_ready(list(self.stages.values()), self.supervision.startup_timeout)
 
     def _launch(self, name: str, command_address: str) -> StageLaunch:
         """What stage `name`'s process needs to run it in the pipeline being started."""
@@ -233,11 +203,9 @@ class StageSupervisor:
         """Stop the stages (gracefully, else kill them at once; one still loading reads no command: killed), then drop
         the connector, sockets and tasks."""
         loop = asyncio.get_running_loop()
-        loading = {stage.name for stage in self.stages.values() if not _serving(stage)}
+        loading = {stage.name for stage in self.stages.values() if not stage.serving}
         for stage in self.stages.values():
-            loop.remove_reader(stage.process.sentinel)
-            if stage.exit_wait is not None:
-                stage.exit_wait.cancel()
+            stage.unwatch()
             if graceful and stage.name not in loading and stage.process.is_alive():
                 try:
                     await stage.command.send(self._encoder.encode(Shutdown()))
@@ -269,19 +237,14 @@ class StageSupervisor:
             self.on_event(await events.recv())
 
     async def _watchdog(self) -> None:
-        """A ready stage that sends no heartbeat (stopped, or starved of CPU) or stays in one loop iteration too
-        long (deadlocked) is hung."""
+        """A ready stage that sends no heartbeat or stays in one loop iteration too long is hung."""
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL)
             now = time.monotonic()
             for stage in self.stages.values():
-                if not stage.ready.done():
-                    continue  # loading: start() waits for Ready with its own timeout
-                if now - stage.heartbeat_at > self.supervision.heartbeat_timeout:
-                    self._pipeline_failed(stage.name, f"hung: no heartbeat for {now - stage.heartbeat_at:.1f} s")
-                    return
-                if stage.busy_seconds > self.supervision.step_timeout:
-                    self._pipeline_failed(stage.name, f"hung: one step has run for {stage.busy_seconds:.0f} s")
+                why = stage.hung(self.supervision, now)
+                if why is not None:
+                    self._pipeline_failed(stage.name, why)
                     return
 
     def _on_task_done(self, task: asyncio.Task) -> None:
@@ -291,21 +254,6 @@ class StageSupervisor:
         logger.error("orchestrator task %s ended", task.get_coro().__qualname__,
                      exc_info=(type(error), error, error.__traceback__) if error else None)
         self._pipeline_failed("orchestrator", f"{type(error).__name__}: {error}" if error else "task ended")
-
-    def _on_stage_exit(self, stage: StageProcess) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(stage.process.sentinel)
-        if (stage.process.exitcode or 0) < 0:  # killed by a signal: it reported nothing
-            self._pipeline_failed(stage.name, exit_description(stage.process))
-        else:
-            stage.exit_wait = loop.create_task(self._await_failure_report(stage))
-
-    async def _await_failure_report(self, stage: StageProcess) -> None:
-        """A stage that raised sent StageFailed before exiting: its own error text is the reason, not the exit."""
-        try:
-            await asyncio.wait_for(asyncio.shield(stage.reported), FAILURE_REPORT_GRACE)
-        except TimeoutError:
-            self._pipeline_failed(stage.name, exit_description(stage.process))
 
     # --- failure and recovery -------------------------------------------------------------------------------
     def _pipeline_failed(self, name: str, why: str) -> None:
@@ -327,35 +275,18 @@ class StageSupervisor:
         self._recovery = asyncio.create_task(self._recover(name))
 
     async def _recover(self, name: str) -> None:
-        delay = 0.0
-        while not self.closed:
-            await self._stop_pipeline(graceful=False)
-            now = time.monotonic()
-            while self._restart_times and now - self._restart_times[0] > self.supervision.restart_window:
-                self._restart_times.popleft()
-            if len(self._restart_times) >= self.supervision.max_restarts:
-                self.fatal = (f"{len(self._restart_times)} restarts within {self.supervision.restart_window:.0f} s; "
-                              f"last: stage {self.down} {self.down_reason}")
-                logger.critical("giving up: %s", self.fatal)
-                if self.on_fatal is not None:
-                    self.on_fatal(self.fatal)
-                return
-            await asyncio.sleep(delay)
-            self._restart_times.append(time.monotonic())
+        async def start() -> None:
             self.restarts[name] += 1
-            try:
-                await self._start_pipeline()
-            except Exception as e:  # noqa: BLE001 — any start failure is retried, then given up on
-                logger.error("pipeline restart failed: %s: %s", type(e).__name__, e)
-                delay = min(max(2 * delay, 1.0), 30.0)
-                continue
-            self.down = self.down_reason = None
-            logger.warning("pipeline restarted after stage %s failed (restart %d)", name, sum(self.restarts.values()))
+            await self._start_pipeline()
+
+        restarted = await self._restarts.restart(lambda: self._stop_pipeline(graceful=False), start,
+                                                 f"stage {self.down} {self.down_reason}")
+        if not restarted:
+            if self.on_fatal is not None:
+                self.on_fatal(self.fatal)
             return
-
-
-def _serving(stage: StageProcess) -> bool:  # it reported Ready: it has loaded and runs its loop
-    return stage.ready.done() and not stage.ready.cancelled() and stage.ready.exception() is None
+        self.down = self.down_reason = None
+        logger.warning("pipeline restarted after stage %s failed (restart %d)", name, sum(self.restarts.values()))
 
 
 def check_devices(pipeline: PipelineConfig) -> None:

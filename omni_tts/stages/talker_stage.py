@@ -18,6 +18,7 @@ from omni_tts.connectors.base import ChunkWriterBase
 from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
+from omni_tts.engine.talker_input import give_voice
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import PromptLimits, check_speaker_embedding, embed_prompt, embed_text
 
@@ -129,18 +130,17 @@ class TalkerStage:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open,
                                                                    frames=[] if m.return_codes else None)
-        if m.ref_codes is not None:  # given ICL reference codes: the clip, if any, gives the x-vector alone
-            codes = np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups)
-            m.prompt.ref_codes = torch.from_numpy(codes.astype(np.int64))
-        if m.speaker_embedding is not None:  # the x-vector itself: embed_prompt moves it to the talker's device
+        ref_codes = (None if m.ref_codes is None else  # given ICL reference codes: a clip gives the x-vector alone
+                     np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups))
+        embedding = None
+        if m.speaker_embedding is not None:
             try:  # checked before it was sent; a vector of another size would fail deep in the prefill's concat
-                vector = check_speaker_embedding(self.tts.config, np.frombuffer(m.speaker_embedding, np.float32),
-                                                 ref_audio=False, ref_text=False)
+                embedding = check_speaker_embedding(self.tts.config, np.frombuffer(m.speaker_embedding, np.float32),
+                                                    ref_audio=False, ref_text=False)
             except ValueError as e:
                 self._fail(request, RequestFailure.of(e))
                 return
-            m.prompt.speaker_embedding = torch.from_numpy(vector)
-        elif m.ref_audio is not None:
+        if not give_voice(m.prompt, ref_codes, embedding) and m.ref_audio is not None:
             cached = self.voice_cache.get(m.voice_version, icl=m.prompt.wants_clip_codes)
             if cached is None:
                 self.voice_features.submit(FeatureJob(m))

@@ -271,3 +271,9 @@ def read_json(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_generation_config(model_dir: str) -> dict[str, Any]:
+    """The checkpoint's generation_config.json (sampling defaults), {} when it has none."""
+    path = os.path.join(model_dir, "generation_config.json")
+    return read_json(path) if os.path.isfile(path) else {}

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .audio import SAMPLE_RATE, load_audio, resample_to
-from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig, read_json
+from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig, read_generation_config
 from .mimi_config import MimiEncoderConfig
 from .prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest, TalkerPrompt, embedding_problem
 from .speaker_encoder import SpeakerEncoder, extract_speaker_embedding
@@ -83,8 +83,7 @@ class Qwen3TTS:
         self.device, self.dtype = torch.device(device), dtype
         self.config = Qwen3TTSConfig.load(model_dir)
         self.speech_config = SpeechTokenizerConfig.load(model_dir)
-        gen_path = os.path.join(model_dir, "generation_config.json")
-        self.generation_config: dict[str, Any] = read_json(gen_path) if os.path.isfile(gen_path) else {}
+        self.generation_config: dict[str, Any] = read_generation_config(model_dir)
         self.prompts = PromptBuilder(self.config, load_text_tokenizer(model_dir))
 
         with torch.device("meta"):
