@@ -1,4 +1,5 @@
-"""What both stage processes share: the control inbox thread, the heartbeat thread and the process main wrapper.
+"""What the stage processes share: the control inbox thread, the heartbeat thread and the process main wrapper
+(the aligner stage takes only `name_process` and `fail_process`).
 
 Failure model: any exception in the main loop or in a helper thread (control, connector) ends the process after a
 StageFailed event; the orchestrator restarts the pipeline. A stopped or stuck process is caught by its heartbeats
