@@ -103,6 +103,7 @@ def value(families: dict, name: str, suffix: str = "", **labels) -> float:
 
 def test_metrics_follow_prometheus_naming(cv_server):
     ok = dict(model=MODEL, input="Metrics.", voice="ryan", response_format="pcm", temperature=0, max_new_tokens=12)
+    before = scrape(cv_server)["families"]
     assert post(cv_server, ok) == 200
     assert post(cv_server, dict(ok, stream_format="audio")) == 200
     assert post(cv_server, dict(ok, model="tts-1", voice="alloy")) == 200
@@ -154,8 +155,8 @@ def test_histograms_count_what_they_summarise(cv_server):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_scrapes_all_get_the_stage_figures(app, monkeypatch):
-    """Overlapping scrapes share one stats round trip: the engine keeps one pending answer per stage, so a second
-    round trip would take the first one's answer and leave it to time out (the figures of the scrape before)."""
+    """Overlapping scrapes each get the stages' figures: concurrent stats() callers share the round trip in flight
+    (StageClient.stats), none is left to time out with the figures of the scrape before."""
     url, state = app
     outcomes = []
     stats = state.tts.stats
