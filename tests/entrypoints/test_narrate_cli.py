@@ -129,6 +129,14 @@ def test_the_file_is_the_segments_one_by_one_plus_the_pauses(whole, expected, tm
     assert np.abs(samples.astype(np.int32) - expected).max() <= 1
 
 
+def assert_same_pcm(a: bytes, b: bytes) -> None:
+    """16-bit samples equal but for a rounding: code2wav batches a narration's segments as their times happen to
+    overlap, and a decoder call over other rows sums in another order (float32, ~1e-7), which int16 rounding can show
+    as 1 LSB."""
+    assert len(a) == len(b)
+    assert np.abs(np.frombuffer(a, np.int16).astype(np.int32) - np.frombuffer(b, np.int16)).max(initial=0) <= 1
+
+
 def test_ctrl_c_leaves_a_file_the_same_command_completes(whole, tmp_path):
     out = tmp_path / "book.wav"
     cut = narrate(out, cut="ctrl-c")
@@ -139,14 +147,15 @@ def test_ctrl_c_leaves_a_file_the_same_command_completes(whole, tmp_path):
     listed = sidecar(out)["segments"]
     assert [s["index"] for s in listed] == list(range(CUT_AFTER))
     assert os.path.getsize(out) > listed[-1]["bytes"]   # some of the next segment, which the sidecar does not list
-    assert whole[44:listed[-1]["bytes"]] == out.read_bytes()[44:listed[-1]["bytes"]]   # the header states no length yet
+    assert_same_pcm(whole[44:listed[-1]["bytes"]], out.read_bytes()[44:listed[-1]["bytes"]])  # no length in the header
     offsets = [s["audio_offset"] for s in listed]
     assert offsets[0] == 0 and all(b > a for a, b in zip(offsets, offsets[1:]))
 
     resumed = narrate(out)
     assert resumed.returncode == 0, resumed.stderr
     assert f"({CUT_AFTER} of them from before)" in resumed.stderr
-    assert out.read_bytes() == whole
+    assert out.read_bytes()[:44] == whole[:44]
+    assert_same_pcm(out.read_bytes()[44:], whole[44:])
     assert not os.path.exists(f"{out}.narration.json")
 
 
