@@ -148,10 +148,10 @@ def test_histograms_count_what_they_summarise(cv_server):
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_concurrent_scrapes_all_get_the_stage_figures(app, monkeypatch):
+async def test_concurrent_scrapes_all_get_the_stage_figures(in_process_app, monkeypatch):
     """Overlapping scrapes share one stats round trip: the engine keeps one pending answer per stage, so a second
     round trip would take the first one's answer and leave it to time out (the figures of the scrape before)."""
-    url, state = app
+    url, state = in_process_app
     outcomes = []
     stats = state.engine.stats
 
