@@ -61,7 +61,7 @@ def base_server(tmp_path_factory):
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def app():
+async def in_process_app():
     """The app `omni-tts serve` runs, in this process on the session's event loop (tiny-custom-voice served as "m",
     real stage processes): (url, ServerState), for the tests that look at the server's state between its steps (they
     run on that loop: `@pytest.mark.asyncio(loop_scope="session")`). Streams idle for 60 s; narrations 2 segments

@@ -154,10 +154,10 @@ def test_histograms_count_what_they_summarise(cv_server):
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_concurrent_scrapes_all_get_the_stage_figures(app, monkeypatch):
+async def test_concurrent_scrapes_all_get_the_stage_figures(in_process_app, monkeypatch):
     """Overlapping scrapes each get the stages' figures: concurrent stats() callers share the round trip in flight
     (StageClient.stats), none is left to time out with the figures of the scrape before."""
-    url, state = app
+    url, state = in_process_app
     outcomes = []
     stats = state.tts.stats
 

@@ -169,13 +169,13 @@ SOCKET_BYTES = 12 * 2**20       # what the kernel's buffers on both ends and aio
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything(app):
+async def test_a_slow_reader_holds_the_narration_and_a_disconnect_frees_everything(in_process_app):
     """A client that reads slowly: the narration never runs more than its window (2) ahead of what went out, so
     what the server holds is bounded by the window, not the input; closing the connection mid-way ends every
     segment's request in both stages and frees the slot."""
     import aiohttp
 
-    url, state = app
+    url, state = in_process_app
     counter = state.metrics.narration_segments
     before = {event: int(counter.labels(event)._value.get()) for event in ("started", "delivered")}
 

@@ -485,7 +485,7 @@ def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_serve
 
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
-async def test_a_stream_the_client_leaves_closes_its_encoder(app, stream_format):
+async def test_a_stream_the_client_leaves_closes_its_encoder(in_process_app, stream_format):
     import gc
 
     import aiohttp
@@ -495,7 +495,7 @@ async def test_a_stream_the_client_leaves_closes_its_encoder(app, stream_format)
     def aborted() -> float:
         return state.metrics.registry.get_sample_value("omni_tts_requests_total", {"status": "abort"}) or 0
 
-    url, state = app
+    url, state = in_process_app
     aborts = aborted()
     gc.collect()
     gc.disable()  # what the GC would free late must still be there to be seen

@@ -377,10 +377,10 @@ def test_session_config_is_bounded_per_connection(cv_server):
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed(app):
+async def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_freed(in_process_app):
     """Watched between the server's steps (the app runs in this loop): the slot is never free while the engine
     still holds the request."""
-    url, state = app
+    url, state = in_process_app
     async with aiohttp.ClientSession() as http:
         session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan")
         await session.send({"type": "input.text", "text": RUNS_TO_ITS_LIMIT})  # the text stays open
@@ -395,8 +395,8 @@ async def test_a_closed_token_utterance_leaves_the_stages_before_its_slot_is_fre
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_streamed_utterance_the_client_leaves_closes_its_encoder(app):
-    url, state = app
+async def test_a_streamed_utterance_the_client_leaves_closes_its_encoder(in_process_app):
+    url, state = in_process_app
     gc.collect()
     gc.disable()  # what the GC would free late must still be there to be seen
     try:
