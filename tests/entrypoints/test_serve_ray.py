@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
+from omni_tts.config import available_cpus
 from server_util import ServerProcess, request, stage_pids
 from test_server import GREEDY, offline_pcm
 from waiting import RESTART_TIMEOUT, eventually, eventually_async
@@ -139,7 +140,10 @@ def expected() -> dict[str, bytes]:
 def test_two_replicas_answer_as_one_server_and_survive_a_killed_replica(expected, tmp_path):
     app = f"omni-tts-test-{os.getpid()}"
     started = time.monotonic()
-    server = ServerProcess("--replicas", "2", "--app-name", app, "--model", str(FIXTURES / "tiny-base"),
+    # the two replicas share the cores there are: one each on 2 cores, half of the one on a single core
+    cpus = min(1.0, available_cpus() / 2)
+    server = ServerProcess("--replicas", "2", "--cpus-per-replica", f"{cpus:g}", "--app-name", app,
+                           "--model", str(FIXTURES / "tiny-base"),
                            "--served-model-name", MODEL, "--voices-dir", str(tmp_path / "voices"),
                            subcommand="serve-ray", startup_timeout=300)
     timings = {"start": time.monotonic() - started}
