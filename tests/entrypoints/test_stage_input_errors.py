@@ -19,7 +19,7 @@ from omni_tts.models.qwen3_tts.audio import load_audio_24k
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.orchestrator.input_processor import load_prompts
-from omni_tts.orchestrator.narration import plan_segments, segment_template
+from omni_tts.orchestrator.narration import plan_segments
 from server_util import ServerProcess, request
 
 TINY_BASE = FIXTURES / "tiny-base"

@@ -11,7 +11,6 @@ from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
 from omni_tts.entrypoints.api.names import VoiceChoice, unknown_uploaded_voice
 from omni_tts.entrypoints.api.schema import ApiError, SpeechOptions, SpeechRequest
 from omni_tts.voices.store import VoiceError
-from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest, check_speaker_embedding
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.orchestrator.types import SpeechChunk
