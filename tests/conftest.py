@@ -111,12 +111,15 @@ def case_requests(case: dict):
     return requests
 
 
-def stage_config(kind: str):
-    """cpu_tiny with the connector of `kind` (shm, tcp, local), through the loader as a YAML's connector.kind goes."""
+def stage_config(kind: str, measured_frame_budget: bool = False):
+    """cpu_tiny with the connector of `kind` (shm, tcp, local), through the loader as a YAML's connector.kind goes;
+    measured_frame_budget: code2wav measures its frame budget at start, as with a config that sets none."""
     import msgspec
 
     from omni_tts.config import load_stage_config, stage_config_from_dict
 
     data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
     data["connector"]["kind"] = kind
+    if measured_frame_budget:
+        data["stages"]["code2wav"]["frame_budget"] = None
     return stage_config_from_dict(data, f"cpu_tiny with connector.kind {kind}")

@@ -140,7 +140,13 @@ def test_replicas_in_real_processes_race_on_the_same_names(tmp_path):
     worker = Path(__file__).parent / "voice_race.py"
     procs = [subprocess.Popen([sys.executable, str(worker), str(root), str(go), str(seed), "60"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for seed in (1, 2)]
-    eventually(lambda: all(Path(f"{go}.ready-{seed}").exists() for seed in (1, 2)), what="both replicas set up")
+
+    def both_set_up() -> bool:
+        for proc in procs:  # a worker that died says why at once, not after the wait's deadline
+            assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+        return all(Path(f"{go}.ready-{seed}").exists() for seed in (1, 2))
+
+    eventually(both_set_up, what="both replicas set up")
     go.touch()
     results = []
     for proc in procs:

@@ -42,7 +42,8 @@ async def pipeline(shared: AsyncTTS, variant: str, kind: str):
     if (variant, kind) == ("tiny-custom-voice", "shm"):
         yield shared
         return
-    async with AsyncTTS(str(FIXTURES / variant), stage_config(kind)) as engine:
+    # over tcp, code2wav measures its frame budget at start (cpu_tiny sets one): streamed still equals offline
+    async with AsyncTTS(str(FIXTURES / variant), stage_config(kind, measured_frame_budget=kind == "tcp")) as engine:
         yield engine
 
 

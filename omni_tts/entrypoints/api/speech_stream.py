@@ -22,7 +22,7 @@ input.done, of any length up to --max-input-chars (narrated_utterance.py: each s
 `start_segment` resumes it). Each request is admitted like an HTTP one (--max-queue), with the same validation (the
 config is a SpeechOptions); a session.config whose voice needs work (ref_audio to fetch or decode, an uploaded voice
 to load) takes a slot too while it is done.
-Limits: session.config within 10 s of the connection and at most `MAX_CONFIGS` times per connection, no message
+Limits: session.config within 10 s of the connection (or --stream-idle-timeout, if shorter) and at most `MAX_CONFIGS` times per connection, no message
 more than --stream-idle-timeout seconds apart, session.config at most 4 MiB (it may carry ref_audio), other
 messages at most 128 KiB, and the text of one request at most 4096 characters. With --api-key, a browser (which
 cannot set headers on a WebSocket) may send the key as a subprotocol instead (auth.presented_api_key).
@@ -132,7 +132,8 @@ class SpeechSession:
 
     async def _receive(self) -> ClientMessage | None:
         """The next message, None once the connection is closing."""
-        timeout = CONFIG_TIMEOUT if self.config is None else self.state.config.stream_idle_timeout
+        idle = self.state.config.stream_idle_timeout
+        timeout = min(CONFIG_TIMEOUT, idle) if self.config is None else idle
         try:
             message = await self.ws.receive(timeout)
         except asyncio.TimeoutError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..qwen3_tts.layers import DecoderStack, KVCache, causal_mask
+from ..qwen3_tts.layers import DecoderStack, KVCache, causal_mask, embedding
 from ..qwen3_tts.weights import load_strict, read_tensors, resolve_model_dir, safetensors_files
 from .checkpoint_config import AlignerConfig
 from .encoder import AudioEncoder
@@ -22,7 +22,7 @@ class ForcedAlignerModel(nn.Module):
         self.cfg = cfg
         self.audio_tower = AudioEncoder(cfg.audio)
         self.model = DecoderStack(cfg.text)
-        self.model.embed_tokens = nn.Embedding(cfg.text.vocab_size, cfg.text.hidden_size)
+        self.model.embed_tokens = embedding(cfg.text.vocab_size, cfg.text.hidden_size)
         self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.classify_num, bias=False)
 
     @classmethod

@@ -12,6 +12,12 @@ from torch import nn
 from .checkpoint_config import DecoderLMConfig
 
 
+def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """An nn.Embedding without its N(0, 1) init: the models here are built on `meta` and then loaded (or given
+    weights by random_model.py), and a normal_ on `meta` imports torch._dynamo: ~0.9 s of a stage's start."""
+    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

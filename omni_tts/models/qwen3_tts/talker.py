@@ -11,7 +11,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .checkpoint_config import TalkerConfig
-from .layers import DecoderStack, KVCache, causal_mask, rope_cos_sin
+from .layers import DecoderStack, KVCache, causal_mask, embedding, rope_cos_sin
 
 
 class TalkerBackbone(DecoderStack):
@@ -19,8 +19,8 @@ class TalkerBackbone(DecoderStack):
 
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__(cfg)
-        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+        self.codec_embedding = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.text_embedding = embedding(cfg.text_vocab_size, cfg.text_hidden_size)
 
 
 class TextProjection(nn.Module):
@@ -40,7 +40,7 @@ class CodePredictorBackbone(DecoderStack):
         cp = cfg.code_predictor
         super().__init__(cp)
         # embeddings of codebooks 1..15 are talker-width: they are summed into the talker's next input
-        self.codec_embedding = nn.ModuleList(nn.Embedding(cp.vocab_size, cfg.hidden_size)
+        self.codec_embedding = nn.ModuleList(embedding(cp.vocab_size, cfg.hidden_size)
                                              for _ in range(cfg.num_code_groups - 1))
 
 
