@@ -21,6 +21,7 @@ import numpy as np
 
 from omni_tts.config import PipelineConfig
 from omni_tts.config.settings import ApiSettings, SupervisionSettings
+from omni_tts.connectors import MAX_REQUEST_ID_BYTES
 from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
@@ -206,6 +207,10 @@ class AsyncTTS:
         return add
 
     def _check_new(self, request_id: str) -> None:
+        """Here, not in the stages: a connector chunk's header holds the id, and an id it cannot hold would fail
+        the talker's loop (every request in flight); a second request under an id would take the first's state."""
+        if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
+            raise RequestError("request_id", f"request id longer than {MAX_REQUEST_ID_BYTES} UTF-8 bytes")
         if request_id in self.client.requests:
             raise RequestError("request_id", f"request id {request_id!r} is already in flight")
 

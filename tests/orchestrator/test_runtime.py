@@ -163,6 +163,15 @@ async def test_bad_requests_fail_alone_and_idle_stages_use_no_cpu(engine, kind):
             await collect(engine, SynthesisRequest(text="Hi.", voice="nobody"))
         with pytest.raises(RequestError, match="initial_codec_chunk_frames"):
             await collect(engine, many_requests(1)[0], initial_codec_chunk_frames=0)
+        restarts = dict(engine.restarts)
+        with pytest.raises(RequestError, match="longer than 64 UTF-8 bytes"):  # a chunk header's room
+            await collect(engine, many_requests(1)[0], request_id="é" * 33)
+        running = engine.generate(SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan"), request_id="twice")
+        await anext(running)  # in flight
+        with pytest.raises(RequestError, match="already in flight"):
+            await collect(engine, many_requests(1)[0], request_id="twice")
+        await running.aclose()
+        assert engine.restarts == restarts
         audio, usage, _ = await collect(engine, many_requests(1)[0])
         assert usage.output_frames > 0 and audio.shape[0] == usage.output_frames * 1920
         before = await engine.stats()
