@@ -7,9 +7,7 @@ otherwise a split of the cores this process may run on.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Iterator
 
 from .stage_config import PipelineConfig
 
@@ -69,18 +67,12 @@ def code2wav_lanes(pipeline: PipelineConfig, threads: dict[str, int]) -> int:
     return 1 + (threads["talker"] // threads["code2wav"] if both_on_cpu else 0)
 
 
-@contextlib.contextmanager
-def stage_environment(stage: str) -> Iterator[None]:
-    """While the `stage` process is spawned: the talker's OpenMP workers sleep when idle (OMP_WAIT_POLICY=PASSIVE,
-    unless the user set it) instead of spinning for a core code2wav needs. code2wav keeps the runtime's default (spin
-    briefly, then sleep): with passive workers every parallel region waits for a futex wake-up, and its decoder
-    calls gain nothing from a second thread (measured). Read when a process loads the runtime, so it must be in
-    the environment the child starts with."""
-    saved = os.environ.get("OMP_WAIT_POLICY")
-    if stage == "talker":
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
+def stage_environment(stage: str) -> dict[str, str]:
+    """What the `stage` process sets in its environment before it loads a runtime (stages/bootstrap.py): the
+    talker's OpenMP workers sleep when idle (OMP_WAIT_POLICY=PASSIVE, unless the user set it) instead of spinning for
+    a core code2wav needs. code2wav keeps the runtime's default (spin briefly, then sleep): with passive workers
+    every parallel region waits for a futex wake-up, and its decoder calls gain nothing from a second thread
+    (measured)."""
+    if stage == "talker" and "OMP_WAIT_POLICY" not in os.environ:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {}

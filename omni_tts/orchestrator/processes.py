@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 
 from omni_tts.config import stage_environment
 from omni_tts.config.settings import SupervisionSettings
+from omni_tts.stages import bootstrap
 
 from .types import StageDeadError
 
@@ -28,14 +29,16 @@ FAILURE_REPORT_GRACE = 0.5
 
 
 def spawn(target: Callable[..., None], args: tuple, name: str, stage: str) -> multiprocessing.Process:
-    """Start the process of `stage` (in its environment: config.stage_environment). Ctrl+C signals the whole
-    process group: blocked from the fork on (the mask outlives exec), a stage never sees it while it imports torch,
-    before it ignores it itself (here it is delivered once restored)."""
-    process = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=True)
+    """Start the process of `stage`, which sets its environment (config.stage_environment) before it imports
+    `target`'s module (stages/bootstrap.py). Ctrl+C signals the whole process group: blocked from the fork on (the
+    mask outlives exec), a stage never sees it while it imports torch, before it ignores it itself (here it is
+    delivered once restored)."""
+    entry = f"{target.__module__}:{target.__qualname__}"
+    process = multiprocessing.get_context("spawn").Process(
+        target=bootstrap.run, args=(stage_environment(stage), entry, *args), name=name, daemon=True)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        with stage_environment(stage):
-            process.start()
+        process.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return process

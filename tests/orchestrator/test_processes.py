@@ -4,6 +4,7 @@ report or else by how it ended, restarts back off and give up after max_restarts
 hangs while loading is killed and started again (it used to be waited for for ever)."""
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import time
 
 import pytest
 
+import environment_probe
 from conftest import FIXTURES
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.config.stage_config import AlignerStageConfig
@@ -45,6 +47,23 @@ def test_a_stage_that_hangs_while_loading_meets_the_load_deadline():
             stage.process.kill()
             stop_process(stage.process)
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("user_value", [None, "ACTIVE"])
+def test_a_stage_sets_its_environment_itself_before_it_loads_torch(tmp_path, monkeypatch, user_value):
+    """The talker's OMP_WAIT_POLICY is in its environment when its module loads torch, and only there: the parent
+    spawns it with its own environment unchanged (it never changes os.environ while its threads run)."""
+    if user_value is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_value)
+    for stage, expected in (("talker", user_value or "PASSIVE"), ("code2wav", user_value)):
+        report = tmp_path / f"{stage}.json"
+        process = spawn(environment_probe.main, (str(report),), "omni-tts-test", stage)
+        process.join(120)
+        assert process.exitcode == 0
+        assert json.loads(report.read_text()) == {"at_import": expected, "at_exec": user_value,
+                                                  "torch_loaded": True}
 
 
 @pytest.mark.parametrize("target,args,report,why", [
