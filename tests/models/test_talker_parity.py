@@ -1,12 +1,14 @@
 """Talker + code predictor + prompt builder against the reference goldens (no audio front end involved)."""
 import numpy as np
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import FIXTURES, GOLDEN_CASES, case_arrays, case_requests, load_component
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.engine.offline import generate_codes
 from omni_tts.engine.token_limit import token_limit
-from omni_tts.models.qwen3_tts.prompt import PromptBuilder, embed_prompt
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest, embed_prompt
 from omni_tts.models.qwen3_tts.sampling import resolve_sampling
 from omni_tts.models.qwen3_tts.talker import Talker
 from omni_tts.models.qwen3_tts.text_tokenizer import load_text_tokenizer
@@ -16,7 +18,8 @@ _loaded = {}
 
 
 def talker_for(variant: str, folded: bool = False):
-    """folded: the code predictor's embedding projections folded into tables (what Qwen3TTS loads)."""
+    """folded: the code predictor's embedding projections and the text projection folded into tables (what
+    Qwen3TTS loads)."""
     if (variant, folded) not in _loaded:
         model_dir = str(FIXTURES / variant)
         cfg = Qwen3TTSConfig.load(model_dir)
@@ -24,6 +27,7 @@ def talker_for(variant: str, folded: bool = False):
         if folded:
             talker.code_predictor.fold_embedding_projections()
             assert talker.code_predictor.projected_embeddings is not None  # the tiny talker has the projection
+            talker.fold_text_projection()
         _loaded[variant, folded] = cfg, talker, PromptBuilder(cfg, load_text_tokenizer(model_dir))
     return _loaded[variant, folded]
 
@@ -86,3 +90,29 @@ def test_seeded_sampling_is_independent_of_batch_composition():
     np.testing.assert_array_equal(alone.numpy(), again.numpy())
     greedy = generate_codes(talker, cfg, [prefill], [trailing], [resolve_sampling(SamplingParams(temperature=0, max_new_tokens=20), {})], [20])[0].codes
     assert not np.array_equal(alone.numpy(), greedy.numpy())
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops (kernels, on a GPU) run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_prompts_text_costs_the_same_ops_however_long_it_is():
+    """The talker embeds a prompt's text by one lookup in the folded table, not a projection per token: a 2,000-token
+    admission costs the talker's loop what a short one does."""
+    tts = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"))
+    counts = []
+    for text in ("Hi.", "A somewhat longer sentence, read aloud. " * 250):
+        prompt = tts.prompts.tokenize(SynthesisRequest(text=text, voice="ryan"))
+        with _CountOps() as ops:
+            embed_prompt(tts.talker, tts.config, prompt)
+        counts.append((len(prompt.text_ids), ops.count))
+    (short, short_ops), (long, long_ops) = counts
+    assert short < 10 < 1000 < long and long_ops == short_ops, counts

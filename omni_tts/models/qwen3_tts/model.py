@@ -92,6 +92,7 @@ class Qwen3TTS:
                     os.path.join(model_dir, "model.safetensors"), self.device, dtype)
         self.talker: Talker = weights.talker
         self.talker.code_predictor.fold_embedding_projections()
+        self.talker.fold_text_projection()
         self.speaker_encoder: SpeakerEncoder | None = weights.speaker_encoder
         # Base reference audio → codes needs the speech encoder
         speech = load_speech_tokenizer(model_dir, self.speech_config, self.device, dtype,

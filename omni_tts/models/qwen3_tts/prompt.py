@@ -357,9 +357,6 @@ def embed_text(talker: Talker, config: Qwen3TTSConfig, text_ids: list[int], text
 
 
 def text_rows(talker: Talker, ids: list[int]) -> torch.Tensor:
-    """T(id) [n, H], each row computed alone: a matmul's rows depend on how many it computes at once (the kernel
-    differs), and a text that arrives in pieces must embed bit for bit as the whole text does."""
-    device = talker.codec_head.weight.device
-    rows = [talker.embed_text(torch.tensor([i], dtype=torch.long, device=device)) for i in ids]
-    return torch.cat(rows) if rows else torch.zeros(0, talker.codec_head.weight.shape[1], device=device,
-                                                    dtype=talker.codec_head.weight.dtype)
+    """T(id) [n, H]: with the folded text table (Talker.fold_text_projection, as loaded), one lookup however many,
+    and a text cut into pieces gets the whole text's bits."""
+    return talker.embed_text(torch.tensor(ids, dtype=torch.long, device=talker.codec_head.weight.device))
