@@ -45,6 +45,7 @@ class StageClient:
                  supervision: SupervisionSettings, max_buffered_seconds: float, cpus: int | None) -> None:
         """supervision, cpus: StageSupervisor's."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
+        self.last_audio_timeout = supervision.last_audio_timeout
         self.num_code_groups = num_code_groups
         self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
                                           supervision, cpus)
@@ -243,6 +244,8 @@ class StageClient:
                 return
             state.queue.put_nowait(SpeechChunk(audio))
         state.audio_done = event.finished
+        if state.talker_done is not None:
+            self._expect_last_audio(state)
         self._maybe_finish(state)
 
     def _on_talker_done(self, event: TalkerDone) -> None:
@@ -253,7 +256,14 @@ class StageClient:
             self.fail(state, stage_error(event.failure))
             return
         state.talker_done = event
+        self._expect_last_audio(state)
         self._maybe_finish(state)
+
+    def _expect_last_audio(self, state: RequestState) -> None:
+        """Stage 0 made every frame: stage 1's audio must keep coming, or a chunk was lost on the way and the last
+        audio would never come (the request would wait for its whole `timeout`)."""
+        self.set_deadline(state, "last_audio", asyncio.get_running_loop().time() + self.last_audio_timeout,
+                          f"no audio for {self.last_audio_timeout:g} s after its last frame was made (a lost chunk)")
 
     def _maybe_finish(self, state: RequestState) -> None:
         done = state.talker_done

@@ -64,6 +64,7 @@ class Code2WavStage:
         self.early: collections.OrderedDict[str, list[tuple[int, int, CodecChunk]]] = collections.OrderedDict()
         self.num_early = 0
         self.aborted: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.next_seq: dict[str, int] = {}   # each registered request's next chunk: a gap is a lost chunk
 
     def run(self) -> None:
         self.reader.start()
@@ -89,6 +90,8 @@ class Code2WavStage:
                 outputs = self.engine.step()
                 self.step_durations.observe(time.perf_counter() - started)
                 for out in outputs:
+                    if out.finished:
+                        self.next_seq.pop(out.request_id, None)
                     self.io.send(AudioEvent(out.request_id, out.audio.astype(np.float32).tobytes(), out.finished))
 
     def _on_chunk(self, rid: str, seq: int, chunk: CodecChunk, now: int) -> None:
@@ -117,20 +120,29 @@ class Code2WavStage:
             logger.debug("%d chunk(s) of unknown request %r dropped", len(chunks), rid)
 
     def _add_chunk(self, rid: str, seq: int, chunk: CodecChunk) -> None:
+        # which chunk and of what kind (reference codes or generated frames) says where to look
+        where = f"chunk {seq} ({'reference context' if chunk.is_context else 'generated'})"
+        expected = self.next_seq.get(rid, 0)
+        if seq != expected:  # the audio would skip (or repeat) frames: the request fails instead
+            logger.error("request %s: %s came where chunk %d was due", rid, where, expected)
+            self._fail(rid, f"code2wav lost chunk {expected} of its codes ({where} came next)")
+            return
+        self.next_seq[rid] = seq + 1
         try:
             self.engine.add_chunk(rid, chunk)
         except ValueError as e:
-            # which chunk and of what kind (reference codes or generated frames) says where to look
-            where = f"chunk {seq} ({'reference context' if chunk.is_context else 'generated'})"
             logger.error("request %s: %s refused: %s: %s", rid, where, e, chunk.codes.tolist())
-            self._abort(rid)
-            # the talker made them (given reference codes are checked against the codebook before): ours, not the
-            # request's
-            self.io.send(AudioEvent(rid, b"", True, failure=RequestFailure(
-                FailureKind.INTERNAL, f"code2wav cannot decode its codes: {where}: {e}")))
+            self._fail(rid, f"code2wav cannot decode its codes: {where}: {e}")
+
+    def _fail(self, rid: str, message: str) -> None:
+        """The request ends here, failed: the talker made its chunks (given reference codes are checked against the
+        codebook before), so the fault is ours, not the request's."""
+        self._abort(rid)
+        self.io.send(AudioEvent(rid, b"", True, failure=RequestFailure(FailureKind.INTERNAL, message)))
 
     def _abort(self, rid: str) -> None:
         self.engine.abort(rid)
+        self.next_seq.pop(rid, None)
         chunks = self.early.pop(rid, [])
         self.num_early -= len(chunks)
         self.num_unknown_chunks += len(chunks)

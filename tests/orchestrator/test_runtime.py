@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import os
 
+import msgspec
 import numpy as np
 import pytest
 import pytest_asyncio
+import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_requests, stage_config
 from test_supervision import forge_chunk
@@ -20,8 +22,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.orchestrator.async_tts import AsyncTTS
-from omni_tts.orchestrator.types import RequestFailed
-from omni_tts.stages.messages import Register
+from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut
+from omni_tts.stages.messages import Register, TalkerDone
 from waiting import SHARED_PIPELINE, eventually_async
 
 VOICES = ["ryan", "vivian", "serena", "aiden", "sohee", "uncle_fu", "ono_anna", "dylan", "eric"]
@@ -213,6 +215,46 @@ async def test_chunks_of_unknown_requests_get_no_decoder_state(engine):
     assert stats.unknown_chunks == before.unknown_chunks + 1 and stats.request_ids == []
     audio, usage, _ = await collect(engine, many_requests(1)[0])  # the stage serves on
     assert audio.shape[0] == usage.output_frames * 1920 > 0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_lost_chunk_fails_its_request_at_once_and_a_lost_last_chunk_soon(engine):
+    """Chunks carry their seq end to end: a gap fails the request (its audio would skip frames); and once stage 0
+    reported its last frame, audio that stops coming (its last chunk lost) fails the request within
+    last_audio_timeout, not after its whole deadline."""
+    gap = engine.client.add("gap", 0)
+    await engine.client.send(gap, "code2wav", Register("gap"))
+    outputs = engine.client.outputs(gap)
+    forge_chunk(engine, "gap", np.ones((4, 16), np.int32), seq=0)
+    assert (await asyncio.wait_for(anext(outputs), 30)).audio.shape[0] == 4 * 1920
+    forge_chunk(engine, "gap", np.ones((4, 16), np.int32), seq=2)
+    with pytest.raises(RequestFailed, match="lost chunk 1 of its codes"):
+        await asyncio.wait_for(anext(outputs), 30)
+    await engine.client.release(gap)
+
+    timeout, engine.client.last_audio_timeout = engine.client.last_audio_timeout, 0.5
+    try:
+        lost = engine.client.add("lost-last", 0)
+        await engine.client.send(lost, "code2wav", Register("lost-last"))
+        outputs = engine.client.outputs(lost)
+        forge_chunk(engine, "lost-last", np.ones((4, 16), np.int32), seq=0)
+        assert (await asyncio.wait_for(anext(outputs), 30)).audio.shape[0] == 4 * 1920
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:  # stage 0's report: 8 frames, chunk 1 never comes
+            sock.connect(engine.event_address)
+            sock.send(msgspec.msgpack.encode(TalkerDone("lost-last", 8, "stop")))
+            sock.close(linger=1000)
+        with pytest.raises(RequestTimedOut, match="no audio for 0.5 s after its last frame was made"):
+            await asyncio.wait_for(anext(outputs), 30)
+        await engine.client.release(lost)
+    finally:
+        engine.client.last_audio_timeout = timeout
+    stats = await eventually_async(lambda: _holding_nothing(engine), what="both stages holding nothing")
+    assert stats["code2wav"].request_ids == []
+
+
+async def _holding_nothing(engine):
+    stats = await engine.stats()
+    return all(not s.request_ids for s in stats.values()) and stats
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -21,6 +21,7 @@ import zmq
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
 from omni_tts.config import PipelineConfig, load_stage_config
 from omni_tts.config.settings import SupervisionSettings
+from omni_tts.connectors import FLAG_IS_LAST
 from omni_tts.connectors.shm_ring import HEADER_BYTES
 from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
@@ -234,8 +235,8 @@ async def test_codes_out_of_range_fail_one_request_not_the_stage(engine):
     np.testing.assert_allclose(audio, case_arrays(CASE)["wav_0"], atol=1e-4, rtol=0)
 
 
-def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
-    """Write a chunk for `request_id` into the ring's last slot and notify code2wav, as the talker would."""
+def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray, seq: int = 0, is_last: bool = False) -> None:
+    """Write chunk `seq` of `request_id` into the ring's last slot and notify code2wav, as the talker would."""
     spec = engine.connector_spec
     slot = spec.num_slots - 1
     fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
@@ -243,8 +244,8 @@ def forge_chunk(engine: AsyncTTS, request_id: str, codes: np.ndarray) -> None:
         offset = slot * spec.slot_bytes
         mm[offset + HEADER_BYTES:offset + HEADER_BYTES + codes.nbytes] = codes.tobytes()
         raw_id = request_id.encode()
-        struct.pack_into("<qqIIH64s", mm, offset, 10 ** 6, time.monotonic_ns(), codes.shape[0], 0, len(raw_id),
-                         raw_id)
+        struct.pack_into("<qqIIH64s", mm, offset, seq, time.monotonic_ns(), codes.shape[0],
+                         FLAG_IS_LAST if is_last else 0, len(raw_id), raw_id)
     os.close(fd)
     with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
         sock.connect(spec.notify_address)
