@@ -6,7 +6,9 @@ and a chunk is the same :class:`SlotView` the reader of any kind gives out. Both
 (:func:`local_pair`) by the process that runs both stages.
 
 Locking: the writer's lock is never held while the reader's is taken (a release, under the reader's lock, takes the
-writer's for its bookkeeping and lets it go before handing chunks over), so the two loops cannot deadlock.
+writer's for its bookkeeping and lets it go before handing chunks over), so the two loops cannot deadlock. Two
+threads can each have taken chunks (the talker's put, code2wav's release) before either hands them over: each take
+gets a ticket under the writer's lock, and the reader delivers takes in ticket order, so chunks arrive in put order.
 """
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ class LocalChunkReader(ChunkReaderBase):
                  on_error: Callable[[BaseException], None] | None = None) -> None:
         super().__init__(spec, condition, on_error)
         self.writer: LocalChunkWriter | None = None
+        self._next_ticket = 0                        # the writer's take to deliver next
+        self._early_takes: dict[int, list[SlotView]] = {}   # takes whose earlier ones are still on their way
+
+    def _hand_over_take(self, ticket: int, chunks: list[SlotView]) -> None:
+        """The writer's take `ticket`, delivered after every earlier take (each take is in put order)."""
+        with self._cv:
+            self._early_takes[ticket] = chunks
+            while self._next_ticket in self._early_takes:
+                self._hand_over(self._early_takes.pop(self._next_ticket))
+                self._next_ticket += 1
 
     def start(self) -> None:
         pass
@@ -62,6 +74,7 @@ class LocalChunkWriter(ChunkWriterBase):
                  on_error: Callable[[BaseException], None] | None = None) -> None:
         super().__init__(spec, on_error)
         self.reader = reader
+        self._tickets = 0   # takes so far (under the lock): the order the reader delivers them in
 
     def start(self) -> None:
         pass
@@ -71,16 +84,17 @@ class LocalChunkWriter(ChunkWriterBase):
         self.pump()
 
     def pump(self) -> None:
-        """Every queued chunk that has a free slot, to the reader (taken under the writer's lock, handed over
-        outside it)."""
+        """Every queued chunk that has a free slot, to the reader (taken under the writer's lock with its ticket,
+        handed over outside it)."""
         with self._cv:
             taken = []
             while not self._closed and self._ready_to_send_locked():
                 taken.append(self._take_locked())
-        if not taken:
-            return
-        self.reader._hand_over([SlotView.from_wire(rid, seq, put_ns, codes, flags, slot)
-                                for slot, (rid, seq, put_ns, codes, flags) in taken])
+            if not taken:
+                return
+            ticket, self._tickets = self._tickets, self._tickets + 1
+        self.reader._hand_over_take(ticket, [SlotView.from_wire(rid, seq, put_ns, codes, flags, slot)
+                                             for slot, (rid, seq, put_ns, codes, flags) in taken])
         self._mark_written(len(taken))
 
     def _wake_sender_locked(self) -> None:
