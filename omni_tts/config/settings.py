@@ -92,6 +92,9 @@ class SupervisionSettings:
     heartbeat_timeout: Seconds = setting(5.0, "seconds without a heartbeat before a stage counts as hung and the "
                                               "pipeline restarts", flag="--stage-heartbeat-timeout")
     step_timeout: float = 120.0      # seconds one loop iteration of a stage may take (a deadlocked step)
+    # seconds the talker's connector may have every slot held with chunks waiting (slots lost, or code2wav not
+    # reading) before the pipeline counts as hung and restarts (a restart gets the slots back)
+    connector_stall_timeout: float = 20.0
     # seconds a request may go without audio once stage 0 made its last frame: its last chunk lost, it fails then
     last_audio_timeout: float = 30.0
     restart_window: float = 600.0    # seconds over which restarts are counted against max_restarts

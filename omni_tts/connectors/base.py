@@ -81,6 +81,7 @@ class WriterStats:
     pending: int  # put() but not yet in a slot
     max_queued: int  # high-water mark of `pending`
     slot_stalls: int  # times the sender had to wait for the reader to free a slot
+    stalled_seconds: float = 0.0  # how long the current stall (every slot held, chunks waiting) has lasted
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,7 @@ class ChunkWriterBase:
         self._closed = False
         self._error: BaseException | None = None
         self._stalled = False  # chunks wait and every slot is held (one stall until a slot is taken again)
+        self._stalled_since = 0.0  # time.monotonic() when the current stall began
         self._put = self._written = self._max_queued = self._stalls = 0
         self._threads: list[threading.Thread] = []
 
@@ -136,7 +138,8 @@ class ChunkWriterBase:
     def stats(self) -> WriterStats:
         with self._cv:
             return WriterStats(chunks_put=self._put, chunks_written=self._written, slots_in_use=len(self._in_use),
-                               pending=len(self._queue), max_queued=self._max_queued, slot_stalls=self._stalls)
+                               pending=len(self._queue), max_queued=self._max_queued, slot_stalls=self._stalls,
+                               stalled_seconds=time.monotonic() - self._stalled_since if self._stalled else 0.0)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every chunk put so far has been written and announced; False on timeout."""
@@ -181,7 +184,7 @@ class ChunkWriterBase:
         if self._queue and self._free:
             return True
         if self._queue and not self._stalled:
-            self._stalled = True
+            self._stalled, self._stalled_since = True, time.monotonic()
             self._stalls += 1
         return False
 

@@ -58,6 +58,7 @@ class StageWatch:
     reported: asyncio.Future = field(default_factory=_future)   # the message of its StageFailed
     heartbeat_at: float = field(default_factory=time.monotonic)
     busy_seconds: float = 0.0
+    connector_stalled_seconds: float = 0.0   # as of its last heartbeat (the talker's connector)
     exit_wait: asyncio.Task | None = None   # after the process exited: waits for its report
 
     @property
@@ -70,8 +71,9 @@ class StageWatch:
         if not self.ready.done():
             self.ready.set_result(pid)
 
-    def on_heartbeat(self, busy_seconds: float) -> None:
+    def on_heartbeat(self, busy_seconds: float, connector_stalled_seconds: float = 0.0) -> None:
         self.heartbeat_at, self.busy_seconds = time.monotonic(), busy_seconds
+        self.connector_stalled_seconds = connector_stalled_seconds
 
     def on_failed(self, message: str) -> None:
         if not self.reported.done():
@@ -79,13 +81,16 @@ class StageWatch:
 
     def hung(self, supervision: SupervisionSettings, now: float) -> str | None:
         """Why a ready stage counts as hung (it sends no heartbeat: stopped, or starved of CPU; or one step runs too
-        long: deadlocked), else None. A loading one is bounded by the load deadline instead (`wait_ready`)."""
+        long: deadlocked; or its connector has had no free slot too long: slots lost), else None. A loading one is
+        bounded by the load deadline instead (`wait_ready`)."""
         if not self.ready.done():
             return None
         if now - self.heartbeat_at > supervision.heartbeat_timeout:
             return f"hung: no heartbeat for {now - self.heartbeat_at:.1f} s"
         if self.busy_seconds > supervision.step_timeout:
             return f"hung: one step has run for {self.busy_seconds:.0f} s"
+        if self.connector_stalled_seconds > supervision.connector_stall_timeout:
+            return f"hung: its connector has had no free slot for {self.connector_stalled_seconds:.0f} s"
         return None
 
     def watch_exit(self, on_exit: Callable[[str], None]) -> None:

@@ -214,7 +214,7 @@ class StageClient:
                 else:
                     waiter.set_exception(stage_error(event.failure))
         elif isinstance(event, Heartbeat):
-            self.supervisor.on_heartbeat(event.stage, event.busy_seconds)
+            self.supervisor.on_heartbeat(event)
         elif isinstance(event, StageStats):
             waiter = self._stats.get(event.stage)
             if waiter is not None and not waiter.done():

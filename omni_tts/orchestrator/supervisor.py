@@ -32,7 +32,7 @@ from omni_tts.connectors import cleanup_stale_blocks
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
-from omni_tts.stages.messages import AlignerLaunch, Shutdown, StageLaunch
+from omni_tts.stages.messages import AlignerLaunch, Heartbeat, Shutdown, StageLaunch
 
 from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
 from .types import StageDeadError
@@ -125,8 +125,8 @@ class StageSupervisor:
     def on_ready(self, name: str, pid: int) -> None:
         self.stages[name].on_ready(pid)
 
-    def on_heartbeat(self, name: str, busy_seconds: float) -> None:
-        self.stages[name].on_heartbeat(busy_seconds)
+    def on_heartbeat(self, heartbeat: Heartbeat) -> None:
+        self.stages[heartbeat.stage].on_heartbeat(heartbeat.busy_seconds, heartbeat.connector_stalled_seconds)
 
     def on_stage_failed(self, name: str, message: str, traceback: str) -> None:
         stage = self.stages[name]

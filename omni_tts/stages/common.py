@@ -20,6 +20,7 @@ import msgspec
 import zmq
 
 from omni_tts.config.threads import set_torch_threads
+from omni_tts.connectors.base import ChunkWriterBase
 from omni_tts.connectors.shm_ring import cleanup_stale_blocks
 from omni_tts.log import configure_logging
 
@@ -45,6 +46,7 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.busy_since: float | None = None
+        self.writer: ChunkWriterBase | None = None   # the talker's connector end, whose stalls heartbeats report
 
     def busy_seconds(self) -> float:
         since = self.busy_since
@@ -196,8 +198,9 @@ def _heartbeat_loop(launches: list[StageLaunch], parent_pid: int) -> None:
             os._exit(1)
         for launch in launches:
             try:
-                sock.send(encoder.encode(Heartbeat(launch.stage, LOOP_CLOCKS[launch.stage].busy_seconds())),
-                          zmq.NOBLOCK)
+                clock = LOOP_CLOCKS[launch.stage]
+                stalled = 0.0 if clock.writer is None else clock.writer.stats().stalled_seconds
+                sock.send(encoder.encode(Heartbeat(launch.stage, clock.busy_seconds(), stalled)), zmq.NOBLOCK)
             except zmq.Again:
                 pass
         time.sleep(HEARTBEAT_INTERVAL)

@@ -170,6 +170,9 @@ class StageStats(msgspec.Struct, tag=True):
     prompts_waiting_for_text: int = 0    # talker: requests with open text not yet prefilled (an ICL prefill holds
                                          # as many text tokens as the reference has frames)
     rows_waiting_for_text: int = 0       # talker: rows parked until their next text row arrives
+    connector_waiting: int = 0           # talker: chunks put but waiting for a free connector slot
+    connector_slots_in_use: int = 0      # talker: connector slots written and not yet released by code2wav
+    connector_slot_stalls: int = 0       # talker: times every slot was held while chunks waited
 
 
 class StageFailed(msgspec.Struct, tag=True):
@@ -184,6 +187,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     and its loop is not stuck (busy_seconds: time inside the current iteration, 0 while it waits for work)."""
     stage: str
     busy_seconds: float
+    connector_stalled_seconds: float = 0.0   # talker: its connector has had no free slot for this long
 
 
 class SpanAligned(msgspec.Struct, tag=True):

@@ -62,6 +62,7 @@ class TalkerStage:
         self.io = StageIO(launch, self.condition)
         self.writer = writer or chunk_writer(launch.connector,
                                              on_error=lambda e: self.io.thread_failed("connector", e))
+        self.io.clock.writer = self.writer   # its stalls go out with the heartbeats
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
         self.requests: dict[str, TalkerStageRequest] = {}
@@ -119,12 +120,13 @@ class TalkerStage:
             self.engine.abort(message.request_id)
             self.requests.pop(message.request_id, None)
         elif isinstance(message, GetStats):
-            stats = self.engine.stats()
+            stats, connector = self.engine.stats(), self.writer.stats()
             self.io.send(StageStats(
                 "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(),
                 self.step_durations,
                 prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
-                rows_waiting_for_text=stats.num_parked))
+                rows_waiting_for_text=stats.num_parked, connector_waiting=connector.pending,
+                connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls))
 
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""

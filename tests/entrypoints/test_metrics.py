@@ -121,7 +121,9 @@ def test_metrics_follow_prometheus_naming(cv_server):
         "omni_tts_stage_steps": "counter", "omni_tts_stage_step_duration_seconds": "histogram",
         "omni_tts_stage_requests": "gauge", "omni_tts_connector_chunks": "counter",
         "omni_tts_connector_latency_seconds": "histogram", "omni_tts_talker_waiting_for_text": "gauge",
-        "omni_tts_narration_segments": "counter", "omni_tts_request_errors": "counter"}
+        "omni_tts_narration_segments": "counter", "omni_tts_request_errors": "counter",
+        "omni_tts_connector_waiting_chunks": "gauge", "omni_tts_connector_slots_in_use": "gauge",
+        "omni_tts_connector_slot_stalls": "counter"}
     # the three refused requests, each the request's own fault
     errors = {kind: value(metrics["families"], "omni_tts_request_errors", "_total", kind=kind)
               - value(before, "omni_tts_request_errors", "_total", kind=kind)

@@ -13,13 +13,14 @@ import struct
 import time
 
 import _posixshmem
+import msgspec
 import numpy as np
 import pytest
 import pytest_asyncio
 import zmq
 
 from conftest import FIXTURES, GOLDEN_CASES, RUNS_TO_ITS_LIMIT, case_arrays, case_requests, stage_config
-from omni_tts.config import PipelineConfig, load_stage_config
+from omni_tts.config import PipelineConfig, load_stage_config, stage_config_from_dict
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors import FLAG_IS_LAST
 from omni_tts.connectors.shm_ring import HEADER_BYTES
@@ -186,6 +187,22 @@ def test_stopped_stage_is_declared_hung_killed_and_restarted():
     asyncio.run(fault_then_recover_alone(stop, "hung: no heartbeat",
                                          supervision=SupervisionSettings(heartbeat_timeout=1.5)))
     assert not alive(stopped[0])
+
+
+def test_a_connector_out_of_slots_restarts_the_pipeline():
+    """code2wav stopped while its heartbeats are not yet missed: the talker's chunks fill the 4 slots and wait. A
+    connector without a free slot for connector_stall_timeout counts as hung, as lost slots would: the pipeline
+    restarts (which gets the slots back) instead of every request timing out while /health says 200."""
+    data = msgspec.to_builtins(load_stage_config("cpu_tiny"))
+    data["connector"]["ring_slots"] = 4
+    config = stage_config_from_dict(data, "cpu_tiny with 4 ring slots")
+
+    def stop(engine):
+        os.kill(engine.stage_pids()["code2wav"], signal.SIGSTOP)
+        return "talker"
+    asyncio.run(fault_then_recover_alone(
+        stop, "hung: its connector has had no free slot", config,
+        supervision=SupervisionSettings(heartbeat_timeout=3600.0, connector_stall_timeout=1.0)))
 
 
 @pytest.mark.asyncio(loop_scope="module")

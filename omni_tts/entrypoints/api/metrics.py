@@ -110,11 +110,13 @@ class _StageTotals:
     earlier_chunks: int = 0
     earlier_step_durations: DurationHistogram | None = None
     earlier_connector_latencies: DurationHistogram | None = None
+    earlier_slot_stalls: int = 0
 
     def update(self, stats: StageStats) -> None:
         if stats.pid != self.latest.pid:  # a restarted stage counts from zero again
             self.earlier_steps += self.latest.num_steps
             self.earlier_chunks += self.latest.connector_chunks
+            self.earlier_slot_stalls += self.latest.connector_slot_stalls
             self.earlier_step_durations = _added(self.earlier_step_durations, self.latest.step_durations)
             self.earlier_connector_latencies = _added(self.earlier_connector_latencies,
                                                       self.latest.connector_latencies)
@@ -127,6 +129,10 @@ class _StageTotals:
     @property
     def chunks(self) -> int:
         return self.earlier_chunks + self.latest.connector_chunks
+
+    @property
+    def slot_stalls(self) -> int:
+        return self.earlier_slot_stalls + self.latest.connector_slot_stalls
 
     @property
     def step_durations(self) -> DurationHistogram:
@@ -175,6 +181,12 @@ class StageCollector:
         chunks = CounterMetricFamily("omni_tts_connector_chunks", "Chunks through the talker → code2wav ring")
         latency = HistogramMetricFamily("omni_tts_connector_latency_seconds",
                                         "Talker put() to code2wav taking the chunk, per ring chunk")
+        waiting = GaugeMetricFamily("omni_tts_connector_waiting_chunks", "Chunks the talker made that wait for a "
+                                    "free connector slot (every slot held: code2wav behind, or slots lost)")
+        slots = GaugeMetricFamily("omni_tts_connector_slots_in_use", "Connector slots written by the talker and not "
+                                  "yet released by code2wav")
+        stalls = CounterMetricFamily("omni_tts_connector_slot_stalls", "Times every connector slot was held while "
+                                     "chunks waited (a stall that lasts restarts the pipeline)")
         by_stage: dict[str, list[tuple[str, _StageTotals]]] = {}
         for key, totals in sorted(self._totals.items()):
             by_stage.setdefault(stage_name(key), []).append((key, totals))
@@ -187,4 +199,9 @@ class StageCollector:
             if connector is not None:  # the stage that receives from the ring
                 chunks.add_metric([], sum(totals.chunks for _, totals in pipelines))
                 _histogram(latency, [], connector)
-        yield from (steps, step_seconds, requests, chunks, latency)
+            if name == "talker":  # the stage that writes into it
+                answered = [totals.latest for key, totals in pipelines if key in self._answered]
+                waiting.add_metric([], sum(s.connector_waiting for s in answered))
+                slots.add_metric([], sum(s.connector_slots_in_use for s in answered))
+                stalls.add_metric([], sum(totals.slot_stalls for _, totals in pipelines))
+        yield from (steps, step_seconds, requests, chunks, latency, waiting, slots, stalls)
