@@ -17,6 +17,7 @@ import uuid
 from typing import Callable, Iterator
 
 TMP_PREFIX = ".tmp-"
+LOCK_POLL_S = 0.01   # a writer waiting for the lock tries again this often
 
 
 def fsync_dir(path: str) -> None:
@@ -62,13 +63,26 @@ def read_if_exists(path: str) -> bytes | None:
         return None
 
 
+class LockTimeout(Exception):
+    """`exclusive` waited its whole timeout: another process holds the lock."""
+
+
 @contextlib.contextmanager
-def exclusive(lock_path: str) -> Iterator[None]:
+def exclusive(lock_path: str, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `lock_path` (created when missing) against every process, and every other open of
-    the file in this one, that takes it too. Released when the block ends or the process dies."""
+    the file in this one, that takes it too; LockTimeout after `timeout` seconds of waiting (flock itself has no
+    timeout: it is tried every LOCK_POLL_S). Released when the block ends or the process dies."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"{lock_path} held by another process for over {timeout:g} s") from None
+                time.sleep(LOCK_POLL_S)
         yield
     finally:
         os.close(fd)  # drops the lock

@@ -19,8 +19,10 @@ each call reads the directory again:
   listing is never stale. Blocking.
 - `add` and `delete` take an exclusive `flock` on `.lock`, one writer at a time across all replicas, held while
   every voice is read afresh and the clip and meta.json are written and synced; uploads are rare, so the voice
-  limit and the quota count every replica's voices exactly. A load whose clip a writer replaced meanwhile takes the
-  lock to remove it: the server runs the store's calls in a pool of their own. `created_at` is max(now,
+  limit and the quota count every replica's voices exactly. A writer waits at most `lock_timeout` (10 s) for
+  another replica's lock, then gives up (VoiceError 503: retry). A load whose clip a writer replaced meanwhile
+  removes it if the lock is free at once, else leaves it to a later sweep: reads never wait on a writer. The server
+  runs reads and writes in pools of their own, writes bounded (api/state.py). `created_at` is max(now,
   `.created_at` + 1, the newest voice + 1), written to `.created_at` before the voice's meta.json; in a burst or
   after a clock step back it runs a few seconds ahead of the clock, as vllm-omni's does.
 On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
@@ -58,7 +60,7 @@ import numpy as np
 from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS
 from omni_tts.config.settings import ApiSettings
 from omni_tts.voices.array_lru import ArrayLRU
-from omni_tts.voices.shared_dir import (exclusive, fsync_dir, read_if_exists, remove_stale, touch,
+from omni_tts.voices.shared_dir import (LockTimeout, exclusive, fsync_dir, read_if_exists, remove_stale, touch,
                                              write_atomic)
 from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS,
                                                 MAX_EMBEDDING_VALUES, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
@@ -78,6 +80,7 @@ CLOCK_FILE = ".created_at"
 # a sweep leaves younger leftovers alone: another replica's clip may still be read (reads take milliseconds), and
 # file times come from the file server, so this also covers clock skew between hosts
 ORPHAN_GRACE_S = 60.0
+LOCK_TIMEOUT_S = 10.0  # a writer's wait for another replica's lock: writes take milliseconds, a longer hold is a fault
 # a clip that vanishes under a load is a replacement or delete elsewhere: look again, a few times at most
 _LOAD_ATTEMPTS = 3
 
@@ -87,8 +90,11 @@ class VoiceStore:
 
     def __init__(self, root_dir: str, max_voices: int = 1000, max_bytes: int = MAX_UPLOAD_BYTES,
                  quota_bytes: int = ApiSettings().voices_quota_bytes, cache_bytes: int = 256 * 1024 * 1024,
-                 min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS) -> None:
+                 min_seconds: float = MIN_SECONDS, max_seconds: float = MAX_SECONDS,
+                 lock_timeout: float = LOCK_TIMEOUT_S) -> None:
+        """lock_timeout: how long a writer waits for another replica's lock before it gives up (VoiceError 503)."""
         self.root = os.path.abspath(root_dir)
+        self.lock_timeout = lock_timeout
         self.max_voices, self.max_bytes, self.quota_bytes, self.cache_bytes = (max_voices, max_bytes, quota_bytes,
                                                                                cache_bytes)
         self.min_seconds, self.max_seconds = min_seconds, max_seconds
@@ -320,10 +326,22 @@ class VoiceStore:
 
     # --- internals -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """One writer at a time: this process's threads, then every replica on the directory."""
-        with self._write_lock, exclusive(os.path.join(self.root, LOCK_FILE)):
-            yield
+    def _exclusive(self, timeout: float | None = None) -> Iterator[None]:
+        """One writer at a time: this process's threads, then every replica on the directory; VoiceError 503 when
+        another holds the directory longer than `timeout` (default lock_timeout)."""
+        timeout = self.lock_timeout if timeout is None else timeout
+        try:
+            if not self._write_lock.acquire(timeout=max(timeout, 0.0)):
+                raise LockTimeout(f"this process's writer held the voices directory for over {timeout:g} s")
+            try:
+                with exclusive(os.path.join(self.root, LOCK_FILE), timeout):
+                    yield
+            finally:
+                self._write_lock.release()
+        except LockTimeout as e:
+            logger.warning("voices: %s", e)
+            raise VoiceError("the voices directory is busy (another replica holds it); retry shortly", 503,
+                             None) from None
 
     def _last_given(self) -> int:
         """The highest created_at this store has handed out, in any replica (caller holds _exclusive)."""
@@ -371,8 +389,11 @@ class VoiceStore:
             if path not in self._doomed:
                 return
             self._doomed.discard(path)
-        with self._exclusive():  # after _lock is released: the lock order is _exclusive, then _lock
-            self._remove_clip(path)
+        try:  # after _lock is released: the lock order is _exclusive, then _lock
+            with self._exclusive(timeout=0.0):  # a load never waits on a writer: a busy lock leaves it to a sweep
+                self._remove_clip(path)
+        except VoiceError:
+            pass
 
     @staticmethod
     def _remove_clip(path: str) -> None:

@@ -55,6 +55,13 @@ def assert_pcm_close(pcm_bytes, expected):
 
 def upload_voice(server, name, clip, **fields) -> dict:
     """POST /v1/audio/voices as a hand-made multipart form (the SDK has no ref_text); the stored voice."""
+    status, answer = post_voice(server, name, clip, **fields)
+    assert status == 200, answer[:300]
+    return json.loads(answer)["voice"]
+
+
+def post_voice(server, name, clip, **fields) -> tuple[int, bytes]:
+    """POST /v1/audio/voices as a hand-made multipart form: (status, body)."""
     boundary = "omnittsboundary"
     parts = [(k.encode(), v.encode()) for k, v in dict(fields, name=name).items()]
     body = b"".join(b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + k + b'"\r\n\r\n' + v + b"\r\n"
@@ -63,8 +70,7 @@ def upload_voice(server, name, clip, **fields) -> dict:
              b"\r\nContent-Type: audio/wav\r\n\r\n" + clip + b"\r\n--" + boundary.encode() + b"--\r\n")
     status, _, answer = request(server.url + "/v1/audio/voices", data=body,
                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    assert status == 200, answer[:300]
-    return json.loads(answer)["voice"]
+    return status, answer
 
 
 def parse_sse(body):

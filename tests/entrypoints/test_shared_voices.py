@@ -1,6 +1,9 @@
 """Replicas sharing one voices dir (voices/store.py): each replica is a VoiceStore of its own on the same directory —
 in this process, where its lock and index are still its own, or in real processes racing each other. The HTTP
 side (two servers on one dir) is in test_server.py, beside the server it reuses."""
+import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -16,6 +19,8 @@ from omni_tts.voices import store as voices_module
 from omni_tts.voices.store import CLOCK_FILE, LOCK_FILE, VoiceError, VoiceStore, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.audio import resampled_length
 from test_voices import CLIP, CLIP_22K, CLIP_WAV, N_22K, age, files_under
+from server_util import request
+from test_server import GREEDY, MODEL, REF_TEXT, REF_WAV, post_voice, upload_voice
 from waiting import eventually
 
 LENGTHS = {24000: len(CLIP_WAV), 22050: resampled_length(N_22K, 22050)}  # samples of each clip at 24 kHz
@@ -168,3 +173,54 @@ def test_replicas_in_real_processes_race_on_the_same_names(tmp_path):
         assert os.path.getsize(voice.path) == voice.file_size
         assert after.load(voice.name)[1].shape[0] == LENGTHS[voice.sample_rate]
     assert sorted(os.listdir(root)) == sorted([LOCK_FILE, CLOCK_FILE] + [v.key for v in survivors])
+
+
+def test_a_writer_waits_a_bounded_time_for_another_replicas_lock_and_reads_never_wait(tmp_path):
+    """Another replica holds the directory: an upload gives up after lock_timeout (503: retry), a load reads on,
+    and a load whose clip must be removed afterwards leaves it to a later sweep instead of waiting."""
+    store = VoiceStore(str(tmp_path), lock_timeout=0.2)
+    store.add("kept", CLIP, None, None)
+    with other_replicas_lock(tmp_path):
+        with pytest.raises(VoiceError, match="busy") as refused:
+            store.add("new", CLIP, None, None)
+        assert refused.value.status == 503
+        record, samples = store.load("kept")
+        assert samples.shape[0] == LENGTHS[record.sample_rate]
+    assert store.add("new", CLIP, None, None).name == "new"  # the lock free again
+
+
+@contextlib.contextmanager
+def other_replicas_lock(root):
+    """The voices directory's lock, held as another replica's writer would hold it."""
+    with open(os.path.join(root, LOCK_FILE), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def test_uploads_waiting_on_the_lock_are_bounded_and_hold_up_no_speech(base_server):
+    """While another replica holds the lock: uploads wait (one writer thread), at most 8 admitted and the rest 429 at
+    once; a speech request with an uploaded voice and a listing are answered meanwhile (reads have their own
+    threads); the waiting uploads finish once the lock is free."""
+    upload_voice(base_server, "held-up-speaker", REF_WAV.read_bytes(), ref_text=REF_TEXT)
+    speech = dict(model=MODEL, input="While uploads wait.", voice="held-up-speaker", response_format="pcm", **GREEDY)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        with other_replicas_lock(base_server.voices_dir):
+            uploads = [pool.submit(post_voice, base_server, f"waiting-{i}", REF_WAV.read_bytes(), ref_text=REF_TEXT)
+                       for i in range(12)]
+            eventually(lambda: sum(u.done() for u in uploads) == 4, what="4 uploads refused at once")
+            refused = [json.loads(u.result()[1]) for u in uploads if u.done()]
+            assert all(u.result()[0] == 429 for u in uploads if u.done()) and all(
+                "waiting already" in r["error"]["message"] for r in refused)
+            status, _, audio = request(base_server.url + "/v1/audio/speech", speech)
+            assert status == 200 and len(audio) > 0
+            status, _, listing = request(base_server.url + "/v1/audio/voices")
+            assert status == 200 and "held-up-speaker" in json.loads(listing)["voices"]
+            assert sum(u.done() for u in uploads) == 4  # the admitted ones still wait for the lock
+        statuses = sorted(u.result()[0] for u in uploads)
+    assert statuses == [200] * 8 + [429] * 4
+    for i in range(12):
+        request(base_server.url + f"/v1/audio/voices/waiting-{i}", method="DELETE")
+    request(base_server.url + "/v1/audio/voices/held-up-speaker", method="DELETE")

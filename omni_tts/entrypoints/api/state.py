@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Callable, TypeVar
+import contextlib
+from typing import Callable, Iterator, TypeVar
 
 from aiohttp import web
 
@@ -12,6 +13,7 @@ from omni_tts.audio.url_fetch import RemoteAudioFetcher
 from omni_tts.voices.array_lru import ArrayLRU
 from omni_tts.entrypoints.api.metrics import ServerMetrics
 from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.voices.store import VoiceStore, VoiceStoreBackend
 from omni_tts.voices.manifest import VoicesWithManifest
 from omni_tts.orchestrator.aligner_client import AlignerClient
@@ -23,18 +25,23 @@ from .in_flight import InFlight
 
 T = TypeVar("T")
 VOICE_EMBEDDINGS_BYTES = 64 * 2**20   # 8192 x-vectors of the 1.7B checkpoints (2048 float32 each)
+MAX_VOICE_WRITES = 8   # uploads and deletes admitted at once (each may hold a clip's body while it waits)
 
 
 class ServerState:
     """Owns the pools and the fetcher (closed by `close`). `pool` encodes, resamples and base64s for every response:
-    nothing in it may wait on anything but the CPU. The voice store's calls, which may wait on the replicas' file
-    lock, run in `voice_pool` instead, so a held lock never stalls an encoder."""
+    nothing in it may wait on anything but the CPU. The voice store's reads (a speech request's voice, a listing)
+    run in `voice_pool`, its writes (uploads, deletes), which wait on the replicas' file lock, one at a time in
+    `voice_writes`, at most MAX_VOICE_WRITES admitted (`voice_write_slot`): a held lock stalls neither an encoder
+    nor a speech request's voice."""
 
     def __init__(self, tts: TTSClient, config: ServerConfig, voice_names: VoiceNames, in_flight: InFlight) -> None:
         self.tts, self.config, self.voice_names = tts, config, voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voice_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-voices")
+        self.voice_writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="omni-tts-voice-writes")
+        self.voice_writes_admitted = 0
         # another VoiceStoreBackend (voices/backend.py: an object store) would be built here
         self.voices: VoiceStoreBackend | None = (
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
@@ -52,8 +59,23 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def run_voices(self, fn: Callable[..., T], *args: object) -> T:
-        """A voice-store call `fn(*args)` in the voice pool."""
+        """A voice-store read `fn(*args)` in the voice pool."""
         return await asyncio.get_running_loop().run_in_executor(self.voice_pool, fn, *args)
+
+    @contextlib.contextmanager
+    def voice_write_slot(self) -> Iterator[None]:
+        """An upload's or delete's place among MAX_VOICE_WRITES, taken before its body is read: 429 beyond."""
+        if self.voice_writes_admitted >= MAX_VOICE_WRITES:
+            raise ApiError(429, f"{MAX_VOICE_WRITES} voice uploads or deletes are waiting already; retry shortly")
+        self.voice_writes_admitted += 1
+        try:
+            yield
+        finally:
+            self.voice_writes_admitted -= 1
+
+    async def write_voices(self, fn: Callable[..., T], *args: object) -> T:
+        """A voice-store write `fn(*args)` in the writers' pool (inside a `voice_write_slot`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.voice_writes, fn, *args)
 
     async def stage_stats(self) -> dict[str, StageStats]:
         """The stages' figures, {} if they cannot be had."""
@@ -69,6 +91,7 @@ class ServerState:
             await self.fetcher.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.voice_pool.shutdown(wait=False, cancel_futures=True)
+        self.voice_writes.shutdown(wait=False, cancel_futures=True)
 
 
 TTS = web.AppKey("tts", TTSClient)

@@ -2,11 +2,11 @@
 uploaded voices (voices/store.py), clips or speaker embeddings."""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
-from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.entrypoints.api.schema import ApiError, VoiceUpload
 from omni_tts.voices.backend import UPLOADS_DISABLED
 from omni_tts.voices.store import VoiceError, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
@@ -47,16 +47,20 @@ async def upload_voice(request: web.Request) -> web.Response:
     store = _voices_or_404(state)
     if state.tts.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
-    form = await read_voice_form(request, store.max_bytes)
+    with state.voice_write_slot():
+        return await _upload(state, store, await read_voice_form(request, store.max_bytes))
+
+
+async def _upload(state: ServerState, store: VoiceStoreBackend, form: VoiceUpload) -> web.Response:
     try:
         if form.speaker_embedding is not None:
             vector = check_speaker_embedding(state.tts.config, form.speaker_embedding, ref_audio=False,
                                              ref_text=bool((form.ref_text or "").strip()))
-            record = await state.run_voices(store.add_embedding, form.name, vector, form.consent,
-                                            form.speaker_description)
+            record = await state.write_voices(store.add_embedding, form.name, vector, form.consent,
+                                              form.speaker_description)
         else:
-            record = await state.run_voices(store.add, form.name, form.audio_sample, form.ref_text or None,
-                                            form.consent, form.speaker_description)
+            record = await state.write_voices(store.add, form.name, form.audio_sample, form.ref_text or None,
+                                              form.consent, form.speaker_description)
     except RequestError as e:
         raise ApiError(400, str(e), e.param) from None
     except VoiceError as e:
@@ -65,10 +69,11 @@ async def upload_voice(request: web.Request) -> web.Response:
     return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
-async def _store_call(state: ServerState, method: Callable[..., T], *args: object) -> T:
-    """A voice store call in the store's executor; its VoiceError as the API error it says."""
+async def _store_call(run: Callable[..., Awaitable[T]], method: Callable[..., T], *args: object) -> T:
+    """A voice store call, run by `run` (ServerState.run_voices or write_voices); its VoiceError as the API error it
+    says."""
     try:
-        return await state.run_voices(method, *args)
+        return await run(method, *args)
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
 
@@ -78,7 +83,8 @@ async def delete_voice(request: web.Request) -> web.Response:
     state = request.app[STATE]
     store = _voices_or_404(state)
     name = request.match_info["name"]
-    record = await _store_call(state, store.delete, name)
+    with state.voice_write_slot():
+        record = await _store_call(state.write_voices, store.delete, name)
     if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,
@@ -94,7 +100,7 @@ async def voice_embedding(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if _embedding_dim(state) is None:
         raise ApiError(400, "speaker embeddings need a Base (voice clone) model", "name")
-    loaded = await _store_call(state, store.load, name)
+    loaded = await _store_call(state.run_voices, store.load, name)
     if loaded is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     record, voice = loaded
