@@ -5,13 +5,15 @@ Needs of the file system: `rename` replaces atomically, and `flock` excludes acr
 lock file, on every host that mounts it (local file systems do; Linux NFS clients turn `flock` into a POSIX lock the
 NFSv4 server arbitrates; a mount with `nolock` makes the lock host-local and is not fit for replicas on several
 hosts). File times come from the file server's clock, so a sweep's grace period must exceed the clock skew between
-the hosts.
+the hosts. On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to
+the directory attribute-cache time (acdirmax, 60 s), and until then a file made through another host is unknown.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import threading
 import time
 import uuid
 from typing import Callable, Iterator
@@ -68,13 +70,16 @@ class LockTimeout(Exception):
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` (created when missing) against every process, and every other open of
-    the file in this one, that takes it too; LockTimeout after `timeout` seconds of waiting (flock itself has no
-    timeout: it is tried every LOCK_POLL_S). Released when the block ends or the process dies."""
+def exclusive(lock_path: str, timeout: float, thread_lock: threading.Lock) -> Iterator[None]:
+    """Hold `thread_lock` (this process's writers), then an exclusive lock on `lock_path` (created when missing)
+    against every process, and every other open of the file in this one, that takes it too; LockTimeout after
+    `timeout` seconds of waiting for both (flock itself has no timeout: it is tried every LOCK_POLL_S). Released
+    when the block ends or the process dies."""
+    deadline = time.monotonic() + timeout
+    if not thread_lock.acquire(timeout=timeout):
+        raise LockTimeout(f"{lock_path}: this process's writer held it for over {timeout:g} s")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,6 +91,7 @@ def exclusive(lock_path: str, timeout: float) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # drops the lock
+        thread_lock.release()
 
 
 def touch(path: str) -> None:

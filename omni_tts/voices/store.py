@@ -19,14 +19,11 @@ each call reads the directory again:
   listing is never stale. Blocking.
 - `add` and `delete` take an exclusive `flock` on `.lock`, one writer at a time across all replicas, held while
   every voice is read afresh and the clip and meta.json are written and synced; uploads are rare, so the voice
-  limit and the quota count every replica's voices exactly. A writer waits at most `lock_timeout` (10 s) for
-  another replica's lock, then gives up (VoiceError 503: retry). A load whose clip a writer replaced meanwhile
-  removes it if the lock is free at once, else leaves it to a later sweep: reads never wait on a writer. The server
-  runs reads and writes in pools of their own, writes bounded (api/state.py). `created_at` is max(now,
+  limit and the quota count every replica's voices exactly; a writer waits `lock_timeout` at most (then 503). A load
+  whose clip a writer replaced removes it if the lock is free, else leaves it to a sweep: reads never wait on a
+  writer (the server runs them in pools of their own, api/state.py). `created_at` is max(now,
   `.created_at` + 1, the newest voice + 1), written to `.created_at` before the voice's meta.json; in a burst or
   after a clock step back it runs a few seconds ahead of the clock, as vllm-omni's does.
-On NFS, mount with `lookupcache=positive` (or `none`): by default a client caches "no such file" for up to the
-directory attribute-cache time (acdirmax, 60 s), and until then a voice uploaded through another host is unknown.
 
 Voice files (a clip, or an embedding voice's x-vector): a replaced or deleted one is removed by its writer at once,
 or, when a `load` in the writer's process reads it, as soon as that read ends (touched meanwhile, so other replicas'
@@ -327,21 +324,14 @@ class VoiceStore:
     # --- internals -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _exclusive(self, timeout: float | None = None) -> Iterator[None]:
-        """One writer at a time: this process's threads, then every replica on the directory; VoiceError 503 when
-        another holds the directory longer than `timeout` (default lock_timeout)."""
-        timeout = self.lock_timeout if timeout is None else timeout
+        """One writer at a time (this process's, then every replica's); VoiceError 503 after `timeout` s of waiting."""
         try:
-            if not self._write_lock.acquire(timeout=max(timeout, 0.0)):
-                raise LockTimeout(f"this process's writer held the voices directory for over {timeout:g} s")
-            try:
-                with exclusive(os.path.join(self.root, LOCK_FILE), timeout):
-                    yield
-            finally:
-                self._write_lock.release()
+            with exclusive(os.path.join(self.root, LOCK_FILE), self.lock_timeout if timeout is None else timeout,
+                           self._write_lock):
+                yield
         except LockTimeout as e:
             logger.warning("voices: %s", e)
-            raise VoiceError("the voices directory is busy (another replica holds it); retry shortly", 503,
-                             None) from None
+            raise VoiceError("the voices directory is busy (another replica holds it); retry shortly", 503, None) from None
 
     def _last_given(self) -> int:
         """The highest created_at this store has handed out, in any replica (caller holds _exclusive)."""
@@ -389,11 +379,9 @@ class VoiceStore:
             if path not in self._doomed:
                 return
             self._doomed.discard(path)
-        try:  # after _lock is released: the lock order is _exclusive, then _lock
-            with self._exclusive(timeout=0.0):  # a load never waits on a writer: a busy lock leaves it to a sweep
-                self._remove_clip(path)
-        except VoiceError:
-            pass
+        # after _lock (the lock order is _exclusive, then _lock); a load never waits: a busy lock leaves it to a sweep
+        with contextlib.suppress(VoiceError), self._exclusive(timeout=0.0):
+            self._remove_clip(path)
 
     @staticmethod
     def _remove_clip(path: str) -> None:

@@ -451,44 +451,6 @@ def test_full_queue_is_429_and_disconnect_aborts_everywhere():
 
 
 
-def _waits_on_a_file_lock(pid: int) -> bool:
-    """Whether a thread of process `pid` sleeps in flock (the kernel's wait channel names it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-                if "lock_inode_wait" in f.read():
-                    return True
-        except OSError:
-            pass
-    return False
-
-
-def test_uploads_waiting_on_the_replicas_lock_leave_the_encoders_free(base_server):
-    """Another replica holds the voices dir's writers' lock: uploads wait for it, in a pool of their own, so a
-    streamed mp3 (encoded in the audio pool, its ref_audio decoded there too) is answered meanwhile."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from omni_tts.voices.shared_dir import exclusive
-    from omni_tts.voices.store import LOCK_FILE
-
-    clip = REF_WAV.read_bytes()
-    names = [f"lock-waiter-{i}" for i in range(6)]  # more than the audio pool's 4 threads
-    with ThreadPoolExecutor(len(names)) as uploads:
-        with exclusive(str(base_server.voices_dir / LOCK_FILE)):
-            waiting = [uploads.submit(upload_voice, base_server, name, clip) for name in names]
-            eventually(lambda: _waits_on_a_file_lock(base_server.proc.pid), what="an upload waiting on the lock")
-            speech = http.client.HTTPConnection("127.0.0.1", base_server.port, timeout=60)
-            speech.request("POST", "/v1/audio/speech", json.dumps(dict(
-                GREEDY, model=MODEL, input="Hello there.", ref_audio=str(REF_WAV), ref_text=REF_TEXT,
-                response_format="mp3", stream_format="audio")), {"Content-Type": "application/json"})
-            answer = speech.getresponse()
-            assert answer.status == 200 and answer.read()[:3] in (b"ID3", b"\xff\xfb", b"\xff\xf3")
-            assert not any(upload.done() for upload in waiting)  # the lock still holds them
-        assert {upload.result()["name"] for upload in waiting} == set(names)
-    for name in names:
-        assert request(base_server.url + f"/v1/audio/voices/{name}", method="DELETE")[0] == 200
-
-
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
 async def test_a_stream_the_client_leaves_closes_its_encoder(in_process_app, stream_format):

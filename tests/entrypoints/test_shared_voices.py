@@ -202,10 +202,11 @@ def other_replicas_lock(root):
 
 def test_uploads_waiting_on_the_lock_are_bounded_and_hold_up_no_speech(base_server):
     """While another replica holds the lock: uploads wait (one writer thread), at most 8 admitted and the rest 429 at
-    once; a speech request with an uploaded voice and a listing are answered meanwhile (reads have their own
-    threads); the waiting uploads finish once the lock is free."""
+    once; a speech request with an uploaded voice (its mp3 encoded meanwhile) and a listing are answered meanwhile
+    (reads and encoders have their own threads); the waiting uploads finish once the lock is free."""
     upload_voice(base_server, "held-up-speaker", REF_WAV.read_bytes(), ref_text=REF_TEXT)
-    speech = dict(model=MODEL, input="While uploads wait.", voice="held-up-speaker", response_format="pcm", **GREEDY)
+    speech = dict(model=MODEL, input="While uploads wait.", voice="held-up-speaker", response_format="mp3",
+                  stream_format="audio", **GREEDY)
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         with other_replicas_lock(base_server.voices_dir):
             uploads = [pool.submit(post_voice, base_server, f"waiting-{i}", REF_WAV.read_bytes(), ref_text=REF_TEXT)
@@ -215,7 +216,7 @@ def test_uploads_waiting_on_the_lock_are_bounded_and_hold_up_no_speech(base_serv
             assert all(u.result()[0] == 429 for u in uploads if u.done()) and all(
                 "waiting already" in r["error"]["message"] for r in refused)
             status, _, audio = request(base_server.url + "/v1/audio/speech", speech)
-            assert status == 200 and len(audio) > 0
+            assert status == 200 and audio[:3] in (b"ID3", b"\xff\xfb", b"\xff\xf3")
             status, _, listing = request(base_server.url + "/v1/audio/voices")
             assert status == 200 and "held-up-speaker" in json.loads(listing)["voices"]
             assert sum(u.done() for u in uploads) == 4  # the admitted ones still wait for the lock
