@@ -99,7 +99,7 @@ def test_where_they_cannot_go_is_a_400(server):
     status, _, body = request(server.url + "/v1/audio/speech/batch",
                               {"items": [{"input": "Hi.", "word_timestamps": True}]})
     [result] = json.loads(body)["results"]
-    assert result["status"] == 400 and result["error"]["param"] == "word_timestamps", result
+    assert result["status_code"] == 400 and result["error"]["param"] == "word_timestamps", result
 
 
 def test_websocket_trailing_chunks_per_sentence_are_absolute(server):

@@ -122,20 +122,24 @@ _SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them
     "properties": {"event": {"enum": [event["properties"]["type"]["const"] for event in _SPEECH_EVENT_DATA["oneOf"]]},
                    "data": {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": _SPEECH_EVENT_DATA}}}
-_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py
-    {"type": "object", "required": ["index", "status", "response_format", "audio", "usage", "finish_reason",
-                                    "audio_seconds"],
-     "properties": {"index": _INT_SCHEMA, "status": {"const": 200}, "response_format": {"type": "string"},
-                    "audio": {"type": "string", "contentEncoding": "base64"}, "usage": {"$ref": _SCHEMAS + "Usage"},
+_BATCH_TOTALS = {"type": "object", "required": ["total", "succeeded", "failed"],
+                 "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}
+_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py: vllm-omni's fields (status, audio_data, media_type) and ours
+    {"type": "object", "required": ["index", "status", "status_code", "response_format", "media_type", "audio_data",
+                                    "usage", "finish_reason", "audio_seconds"],
+     "properties": {"index": _INT_SCHEMA, "status": {"const": "success"}, "status_code": {"const": 200},
+                    "response_format": {"type": "string"}, "media_type": {"type": "string"},
+                    "audio_data": {"type": "string", "contentEncoding": "base64"},
+                    "usage": {"$ref": _SCHEMAS + "Usage"},
                     "finish_reason": {"type": "string"}, "audio_seconds": {"type": "number"},
                     "voice_ignored": {"type": "string"}, "ignored_fields": {"type": "string"}}},
-    {"type": "object", "required": ["index", "status", "error"],
-     "properties": {"index": _INT_SCHEMA, "status": {"type": "integer", "minimum": 400},
+    {"type": "object", "required": ["index", "status", "status_code", "error"],
+     "properties": {"index": _INT_SCHEMA, "status": {"const": "error"},
+                    "status_code": {"type": "integer", "minimum": 400},
                     "error": _ERROR_RESPONSE["properties"]["error"]}}]}
-_BATCH_RESPONSE = {"type": "object", "required": ["results", "summary"], "properties": {
-    "results": {"type": "array", "items": _BATCH_RESULT, "description": "one per item, in the items' order"},
-    "summary": {"type": "object", "required": ["total", "succeeded", "failed"],
-                "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}}}
+_BATCH_RESPONSE = {"type": "object", "required": ["id", "results", *_BATCH_TOTALS["required"], "summary"],
+                   "properties": {"id": {"type": "string"}, "results": {"type": "array", "items": _BATCH_RESULT},
+                                  **_BATCH_TOTALS["properties"], "summary": _BATCH_TOTALS}}
 _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "status": {"enum": ["healthy", "unhealthy"]}, "message": {"type": "string"},
     "stage": {"type": "string", "description": "the failed stage"}}}
@@ -234,13 +238,14 @@ def _speech_batch_operation() -> dict:
         "operationId": "createSpeechBatch",
         "summary": "Synthesize 1–32 speech requests at once, answered together as base64 files in JSON",
         "description": ("Each item is checked and admitted as a /v1/audio/speech request and fails alone: its "
-                        "result carries the status and error that route would answer, and the batch is still 200. "
+                        "result (`status` success or error, vllm-omni's) carries the status code and error that route "
+                        "would answer, and the batch is still 200. The totals are vllm-omni's, and again in `summary`. "
                         f"The items' files together hold at most {MAX_BATCH_AUDIO_BYTES >> 20} MiB (each item its "
                         "equal share; over it: 413)."),
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechBatchRequest"}}}},
         "responses": {
-            "200": _json("SpeechBatchResponse", "every item's result, in order, and a summary"),
+            "200": _json("SpeechBatchResponse", "every item's result, in order, and the totals"),
             "400": _error("a malformed batch (the field is named in `param`)"),
             "404": _error("the batch's `model` is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),
