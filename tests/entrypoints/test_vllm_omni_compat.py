@@ -151,8 +151,10 @@ def test_websocket_sentence_commit_adds_text_at_each_commit(cv_server):
         {"type": "input.text", "text": pieces[3]},  # never committed: input.done adds it
         {"type": "input.done"}]))
     commits = [e for e in events if e["type"] == "input.committed"]
-    assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": 0, "text": "".join(pieces[:2])},
-                       {"type": "input.committed", "utterance_index": 0, "commit_index": 1, "text": pieces[2]}]
+    committed = ["".join(pieces[:2]), pieces[2]]
+    assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": i, "text": text,
+                        "commit_id": None, "sentence_index": i, "chars_committed": len(text)}
+                       for i, text in enumerate(committed)]
     assert events[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
     status, _, expected = speech(cv_server, {"input": "".join(pieces), "voice": "ryan", "non_streaming_mode": False})
     assert status == 200
@@ -220,3 +222,24 @@ def test_batch_client_and_docs_examples_read_totals_status_and_audio_data(cv_ser
     check_batch(base_server, dict(GREEDY, items=[{"input": "First sentence in the cloned voice."},
                                                  {"input": "Second sentence in the cloned voice."}],
                                   task_type="Base", ref_audio=data_url, ref_text=REF_TEXT))
+
+
+def test_sentence_commit_client_gets_its_commit_ids_back(cv_server):
+    """vllm-omni's sentence_commit_streaming_client.py: each sentence sent, then committed with a `commit_id`; it
+    reads `commit_id` and `sentence_index` from each input.committed, and the binary audio until session.done."""
+    sentences = ["Hello there, this first sentence can begin playing.", " The second sentence resumes the request.",
+                 " The final sentence is followed by input.done."]
+    messages = [{"type": "session.config", "voice": "vivian", "streaming_mode": "sentence_commit",
+                 "response_format": "pcm", **GREEDY}]
+    for index, sentence in enumerate(sentences):
+        messages += [{"type": "input.text", "text": sentence},
+                     {"type": "input.commit", "commit_id": f"sentence-{index}"}]
+    audio, events = asyncio.run(ws_utterance(cv_server.url, [*messages, {"type": "input.done"}]))
+    assert events[-1]["type"] == "session.done", events[-1]
+    commits = [e for e in events if e["type"] == "input.committed"]
+    assert [(e["commit_id"], e["sentence_index"], e["chars_committed"]) for e in commits] == \
+        [(f"sentence-{i}", i, len(s)) for i, s in enumerate(sentences)]
+    status, _, expected = speech(cv_server, {"input": "".join(sentences), "voice": "vivian",
+                                             "non_streaming_mode": False})
+    assert status == 200
+    assert_pcm_close(audio, np.frombuffer(expected, "<i2"))

@@ -155,7 +155,8 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
     _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
            format={"type": "string"}, sample_rate=_INT, channels=_INT),
     _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT, error={"type": "boolean"}),
-    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"}),
+    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"},
+           commit_id={"type": ["string", "null"]}, sentence_index=_INT, chars_committed=_INT),
     _event("session.done", utterance_index=_INT, total_sentences=_INT),
     _event("error", message={"type": "string"})]}
 

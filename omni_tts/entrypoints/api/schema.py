@@ -138,7 +138,9 @@ class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", ta
 
 class InputCommit(msgspec.Struct, forbid_unknown_fields=True, tag="input.commit", tag_field="type"):
     """streaming_mode sentence_commit: the text sent since the last commit joins the utterance's request; in the
-    other modes the text has joined already. Either way answered by input.committed."""
+    other modes the text has joined already. Either way answered by input.committed, which echoes `commit_id`
+    (vllm-omni's: the client's name for the commit)."""
+    commit_id: str | None = None
 
 
 class InputDone(msgspec.Struct, forbid_unknown_fields=True, tag="input.done", tag_field="type"):

@@ -1,7 +1,7 @@
 """WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol.
 
 Client → server (JSON text messages): `session.config` (first; again between utterances), `input.text` {text},
-`input.commit`, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
+`input.commit` {commit_id?}, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
 Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
 channels}, binary audio frames (the whole file per request, or with stream_audio its pieces as they are made),
 `audio.done` {utterance_index, sentence_index, total_bytes, error: false}, `session.done` {utterance_index,
@@ -11,8 +11,9 @@ request does.
 
 vllm-omni's token-level protocol maps onto token mode: `streaming_mode` `token_level` is token mode as it is;
 `sentence_commit` keeps the text of `input.text` until an `input.commit`, which adds it to the utterance's one
-request and is answered `input.committed` {utterance_index, commit_index, text} (in the other modes the text has
-joined already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
+request and is answered `input.committed` {utterance_index, commit_index, text, and vllm-omni's commit_id (the
+commit's own, echoed), sentence_index (= commit_index) and chars_committed} (in the other modes the text has joined
+already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the pipeline's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
@@ -178,7 +179,10 @@ class SpeechSession:
             text, self.uncommitted = self.uncommitted, ""
             await self._add(text)
             await self.ws.send_json({"type": "input.committed", "utterance_index": self.utterance_index,
-                                     "commit_index": self.num_commits, "text": text})
+                                     "commit_index": self.num_commits, "text": text,
+                                     # vllm-omni's names: its client reads commit_id and sentence_index
+                                     "commit_id": message.commit_id, "sentence_index": self.num_commits,
+                                     "chars_committed": len(text)})
             self.num_commits += 1
         elif isinstance(message, InputDone):
             text, self.uncommitted = self.uncommitted, ""  # what was never committed is spoken too
