@@ -11,6 +11,7 @@ import numpy as np
 import soundfile as sf
 
 from conftest import FIXTURES
+from omni_tts.models.qwen3_forced_aligner.words import split_words
 from server_util import ServerProcess, request, ws_utterance
 from test_server import GREEDY, MODEL, REF_TEXT, REF_WAV, assert_pcm_close, offline_pcm, parse_sse, upload_voice
 
@@ -243,3 +244,47 @@ def test_sentence_commit_client_gets_its_commit_ids_back(cv_server):
                                              "non_streaming_mode": False})
     assert status == 200
     assert_pcm_close(audio, np.frombuffer(expected, "<i2"))
+
+
+ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
+
+
+def test_word_timestamps_demo_plays_audio_chunks_and_highlights_words():
+    """vllm-omni's word_timestamps_demo.py page: its session.config, the whole text, input.done. It keeps each
+    sentence's audio from the `audio_b64` of its audio.chunk messages (a binary frame fails its JSON.parse and is
+    dropped) and the last non-null `timestamps`, and at the sentence's audio.done renders both, the words timed from
+    the start of that sentence's audio."""
+    text = "Hello world. How are you today? I am doing great."
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--forced-aligner", str(ALIGNER))
+    try:
+        binary, events = asyncio.run(ws_utterance(server.url, [
+            {"type": "session.config", "task_type": "CustomVoice", "word_timestamps": True, "stream_audio": True,
+             "response_format": "pcm", "language": "Auto", "voice": "aiden", **GREEDY},
+            {"type": "input.text", "text": text}, {"type": "input.done"}]))
+        assert events[-1]["type"] == "session.done", events[-1]
+        sentences, rendered = {}, []
+        for event in events:   # the page's onmessage
+            if event["type"] == "audio.start":
+                sentences[event["sentence_index"]] = {"text": event["sentence_text"], "chunks": [], "timestamps": None}
+            elif event["type"] == "audio.chunk" and event["sentence_index"] in sentences:
+                sentence = sentences[event["sentence_index"]]
+                if event["audio_b64"]:
+                    sentence["chunks"].append(base64.b64decode(event["audio_b64"]))
+                if event["timestamps"] is not None:
+                    sentence["timestamps"] = event["timestamps"]
+            elif event["type"] == "audio.done":
+                rendered.append(dict(sentences[event["sentence_index"]]))
+        assert binary == b""
+        [sentence] = rendered   # token mode: the utterance is one request
+        assert sentence["text"] == text
+        pcm = b"".join(sentence["chunks"])
+        status, _, expected = speech(server, {"input": text, "voice": "aiden", "non_streaming_mode": False})
+        assert status == 200
+        assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
+        words = sentence["timestamps"]
+        assert [w["word"] for w in words] == split_words(text, None)
+        times = [t for w in words for t in (w["start_ms"], w["end_ms"])]
+        assert times == sorted(times) and 0 <= times[0] and times[-1] <= round(len(pcm) / 48)  # 48 bytes a ms
+    finally:
+        server.stop()

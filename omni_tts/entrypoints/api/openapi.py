@@ -158,7 +158,15 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
     _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"},
            commit_id={"type": ["string", "null"]}, sentence_index=_INT, chars_committed=_INT),
     _event("session.done", utterance_index=_INT, total_sentences=_INT),
-    _event("error", message={"type": "string"})]}
+    _event("error", message={"type": "string"}),
+    {"type": "object", "required": ["type", "utterance_index", "sentence_index", "timestamps"],
+     "description": "audio_frames json (api/audio_frames.py): a piece of audio (`audio_b64`; timestamps null) or the "
+                    "request's words (its last, `audio_b64` empty); else a request's words after its audio.done",
+     "properties": {"type": {"const": "audio.chunk"}, "utterance_index": _INT, "sentence_index": _INT,
+                    "chunk_id": _INT, "sample_rate": _INT, "channels": _INT, "audio_b64": {"type": "string"},
+                    "timestamps": {"type": ["array", "null"],
+                                   "items": {"type": "object", "required": ["word", "start_ms", "end_ms"]}},
+                    "reason": {"type": "string", "description": "why timestamps is null"}}}]}
 
 
 def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
@@ -261,13 +269,14 @@ def _speech_stream_operation() -> dict:
             "Upgrade this GET to a WebSocket (RFC 6455). The client sends JSON text messages "
             "(SpeechStreamClientMessage): session.config first (the speech fields but input, plus split_granularity "
             "and stream_audio), then input.text pieces and input.done per utterance, session.close at the end. The "
-            "server answers with JSON events (SpeechStreamServerEvent) and binary frames of audio in the configured "
-            "format, between an utterance's audio.start and audio.done; an error event is followed by the close of "
-            "the connection. split_granularity token (the default) speaks each utterance as one request whose text "
-            "grows as it arrives, with the audio of the whole text (streaming layout). With an API key, a client "
-            "that cannot set the Authorization header (a browser) may offer the subprotocols `omni-tts` and "
-            "`omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server answers "
-            "`omni-tts`."),
+            "server answers with JSON events (SpeechStreamServerEvent) and the audio in the configured format "
+            "between a request's audio.start and audio.done: binary frames, or with audio_frames json (the default "
+            "for word_timestamps over streamed pcm, as vllm-omni) audio.chunk events; an error event is followed "
+            "by the close of the connection. split_granularity token (the default) speaks each utterance as one "
+            "request whose text grows as it arrives, with the audio of the whole text (streaming layout). With an "
+            "API key, a client that cannot set the Authorization header (a browser) may offer the subprotocols "
+            "`omni-tts` and `omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server "
+            "answers `omni-tts`."),
         "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
                         "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
         "responses": {
