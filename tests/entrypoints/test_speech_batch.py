@@ -46,24 +46,26 @@ def test_good_and_bad_items_fail_alone_in_order(cv_server):
     assert status == 200, answer
     results = answer["results"]
     assert [r["index"] for r in results] == list(range(len(items)))
-    assert answer["summary"] == {"total": 8, "succeeded": 4, "failed": 4}
+    assert answer["summary"] == {"total": 8, "succeeded": 4, "failed": 4} == {k: answer[k] for k in answer["summary"]}
+    assert answer["id"] == headers["X-Request-Id"]
     for item, result in zip(items, results):
         if item in bad[:3]:  # the 400 /v1/audio/speech answers, word for word
             got, _, body = alone(cv_server, item)
-            assert result["status"] == got == 400
+            assert result["status"] == "error" and result["status_code"] == got == 400
             assert result["error"] == json.loads(body)["error"]
-            assert "audio" not in result and "usage" not in result
+            assert "audio_data" not in result and "usage" not in result
         elif item is bad[3]:  # alone it would stream: in a batch it fails, naming the field
-            assert result["status"] == 400 and result["error"]["param"] == "stream_format"
+            assert result["status_code"] == 400 and result["error"]["param"] == "stream_format"
             assert "whole files" in result["error"]["message"]
         else:
             got, headers_alone, body = alone(cv_server, item)
-            assert got == result["status"] == 200
+            assert result["status"] == "success" and got == result["status_code"] == 200
             header = 44 if item.get("response_format") == "wav" else 0
-            audio = base64.b64decode(result["audio"])
+            audio = base64.b64decode(result["audio_data"])
             assert audio[:header] == body[:header]
             assert_pcm_close(audio[header:], np.frombuffer(body[header:], "<i2"))
             assert result["response_format"] == item.get("response_format", "pcm")
+            assert result["media_type"] == headers_alone["Content-Type"]
             assert result["usage"]["output_tokens"] == int(headers_alone["x-omni-tts-output-tokens"])
             assert result["usage"]["input_tokens"] == int(headers_alone["x-omni-tts-input-tokens"])
             assert result["finish_reason"] == headers_alone["x-omni-tts-finish-reason"]
@@ -99,7 +101,7 @@ def test_a_model_not_served_is_the_batch_404(cv_server):
     status, _, answer = batch(cv_server, {"model": "other", "items": [{"input": "Hi."}]})
     assert status == 404 and answer["error"]["code"] == "model_not_found"
     status, _, answer = batch(cv_server, dict(DEFAULTS, items=[{"input": "Hi.", "model": "other"}]))  # an item's own
-    assert status == 200 and answer["results"][0]["status"] == 404
+    assert status == 200 and answer["results"][0]["status_code"] == 404
 
 
 def _metric(server, prefix: str) -> float:
@@ -113,7 +115,7 @@ def test_a_full_queue_fails_the_items_beyond_it_and_a_client_that_leaves_aborts_
     try:
         # the items take their slots in order: the third finds the queue full
         status, _, answer = batch(server, dict(DEFAULTS, items=[{"input": f"Item {i}."} for i in range(3)]))
-        assert status == 200 and [r["status"] for r in answer["results"]] == [200, 200, 429]
+        assert status == 200 and [r["status_code"] for r in answer["results"]] == [200, 200, 429]
         assert answer["results"][2]["error"]["type"] == "rate_limit_error"
         assert answer["summary"] == {"total": 3, "succeeded": 2, "failed": 1}
 

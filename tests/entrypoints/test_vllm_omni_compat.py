@@ -4,11 +4,14 @@ named) or refused with --strict-fields, `stream: true` as SSE, vllm-omni's usage
 WebSocket's session.config read the same way."""
 import asyncio
 import base64
+import io
 import json
 
 import numpy as np
+import soundfile as sf
 
 from conftest import FIXTURES
+from omni_tts.models.qwen3_forced_aligner.words import split_words
 from server_util import ServerProcess, request, ws_utterance
 from test_server import GREEDY, MODEL, REF_TEXT, REF_WAV, assert_pcm_close, offline_pcm, parse_sse, upload_voice
 
@@ -149,8 +152,10 @@ def test_websocket_sentence_commit_adds_text_at_each_commit(cv_server):
         {"type": "input.text", "text": pieces[3]},  # never committed: input.done adds it
         {"type": "input.done"}]))
     commits = [e for e in events if e["type"] == "input.committed"]
-    assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": 0, "text": "".join(pieces[:2])},
-                       {"type": "input.committed", "utterance_index": 0, "commit_index": 1, "text": pieces[2]}]
+    committed = ["".join(pieces[:2]), pieces[2]]
+    assert commits == [{"type": "input.committed", "utterance_index": 0, "commit_index": i, "text": text,
+                        "commit_id": None, "sentence_index": i, "chars_committed": len(text)}
+                       for i, text in enumerate(committed)]
     assert events[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
     status, _, expected = speech(cv_server, {"input": "".join(pieces), "voice": "ryan", "non_streaming_mode": False})
     assert status == 200
@@ -161,3 +166,125 @@ def test_websocket_streaming_mode_needs_token_granularity(cv_server):
     _, events = asyncio.run(ws_utterance(cv_server.url, [
         {"type": "session.config", "voice": "ryan", "streaming_mode": "token_level", "split_granularity": "sentence"}]))
     assert events[-1]["type"] == "error" and "split_granularity must be token" in events[-1]["message"]
+
+
+# --- vllm-omni's published examples (issue 33): the batch client and its docs' batch curl examples, the sentence-commit
+# client, the word-timestamps demo page; each speaks as it is published and is read as it reads.
+def read_batch_as_vllm_omni(server, payload: dict) -> list[bytes]:
+    """POST /v1/audio/speech/batch read as vllm-omni's batch_speech_client.py reads it: `total`, `succeeded`,
+    `failed`, then each result's `index`, `status` ("success") and `audio_data` (base64); every item succeeds."""
+    status, _, body = request(server.url + "/v1/audio/speech/batch", payload)
+    assert status == 200, body[:300]
+    data = json.loads(body)
+    assert (data["total"], data["succeeded"], data["failed"]) == (len(payload["items"]), len(payload["items"]), 0)
+    assert [(r["index"], r["status"]) for r in data["results"]] == [(i, "success") for i in range(data["total"])]
+    return [base64.b64decode(r["audio_data"]) for r in data["results"]]
+
+
+def assert_same_file(got: bytes, expected: bytes, fmt: str) -> None:
+    """A batch item's file against the one /v1/audio/speech answers for the same fields. wav: the header equal, the
+    samples within 1 LSB (a batch's items run batched together). mp3: as long once decoded, and the same audio within
+    the coder's noise: an input 1 LSB off can flip the encoder's bit allocation and decode hundreds of LSB apart
+    (measured: ~18 dB apart at worst), where two different utterances are ~0 dB apart."""
+    if fmt == "wav":
+        assert got[:44] == expected[:44]
+        assert_pcm_close(got[44:], np.frombuffer(expected[44:], "<i2"))
+        return
+    got_pcm, expected_pcm = (sf.read(io.BytesIO(data), dtype="float64")[0] for data in (got, expected))
+    assert got_pcm.shape == expected_pcm.shape and np.any(expected_pcm)
+    assert np.sum(expected_pcm ** 2) >= 10 * np.sum((got_pcm - expected_pcm) ** 2)
+
+
+def check_batch(server, payload: dict) -> None:
+    """Each item's file equals the one /v1/audio/speech answers for that item over the batch's other fields."""
+    defaults = {k: v for k, v in payload.items() if k != "items"}
+    for item, got in zip(payload["items"], read_batch_as_vllm_omni(server, payload)):
+        fields = defaults | item
+        status, _, expected = request(server.url + "/v1/audio/speech", fields)
+        assert status == 200, expected[:300]
+        assert_same_file(got, expected, fields.get("response_format", "mp3"))
+
+
+def test_batch_client_and_docs_examples_read_totals_status_and_audio_data(cv_server, base_server):
+    """vllm-omni's batch client (the payload it builds from its arguments: response_format wav and voice vivian by
+    default, a clone's reference as a data URL) and the three batch curl examples of its speech API docs."""
+    texts = ["Hello, how are you?", "Goodbye, see you later!"]
+    data_url = "data:audio/wav;base64," + base64.b64encode(REF_WAV.read_bytes()).decode()
+    check_batch(cv_server, dict(GREEDY, items=[{"input": t} for t in texts], response_format="wav", voice="vivian"))
+    check_batch(base_server, dict(GREEDY, items=[{"input": "First cloned sentence."},
+                                                 {"input": "Second cloned sentence."}],
+                                  response_format="wav", voice="vivian", task_type="Base", ref_audio=data_url,
+                                  ref_text=REF_TEXT))
+    # the docs: shared defaults; per-item voices and formats; a clone's reference shared by the items
+    check_batch(cv_server, dict(GREEDY, items=[{"input": t} for t in texts], voice="vivian", language="English"))
+    check_batch(cv_server, dict(GREEDY, items=[{"input": "Hello!", "voice": "vivian", "response_format": "mp3"},
+                                               {"input": "你好！", "voice": "ryan", "language": "Chinese"}],
+                                response_format="wav"))
+    check_batch(base_server, dict(GREEDY, items=[{"input": "First sentence in the cloned voice."},
+                                                 {"input": "Second sentence in the cloned voice."}],
+                                  task_type="Base", ref_audio=data_url, ref_text=REF_TEXT))
+
+
+def test_sentence_commit_client_gets_its_commit_ids_back(cv_server):
+    """vllm-omni's sentence_commit_streaming_client.py: each sentence sent, then committed with a `commit_id`; it
+    reads `commit_id` and `sentence_index` from each input.committed, and the binary audio until session.done."""
+    sentences = ["Hello there, this first sentence can begin playing.", " The second sentence resumes the request.",
+                 " The final sentence is followed by input.done."]
+    messages = [{"type": "session.config", "voice": "vivian", "streaming_mode": "sentence_commit",
+                 "response_format": "pcm", **GREEDY}]
+    for index, sentence in enumerate(sentences):
+        messages += [{"type": "input.text", "text": sentence},
+                     {"type": "input.commit", "commit_id": f"sentence-{index}"}]
+    audio, events = asyncio.run(ws_utterance(cv_server.url, [*messages, {"type": "input.done"}]))
+    assert events[-1]["type"] == "session.done", events[-1]
+    commits = [e for e in events if e["type"] == "input.committed"]
+    assert [(e["commit_id"], e["sentence_index"], e["chars_committed"]) for e in commits] == \
+        [(f"sentence-{i}", i, len(s)) for i, s in enumerate(sentences)]
+    status, _, expected = speech(cv_server, {"input": "".join(sentences), "voice": "vivian",
+                                             "non_streaming_mode": False})
+    assert status == 200
+    assert_pcm_close(audio, np.frombuffer(expected, "<i2"))
+
+
+ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
+
+
+def test_word_timestamps_demo_plays_audio_chunks_and_highlights_words():
+    """vllm-omni's word_timestamps_demo.py page: its session.config, the whole text, input.done. It keeps each
+    sentence's audio from the `audio_b64` of its audio.chunk messages (a binary frame fails its JSON.parse and is
+    dropped) and the last non-null `timestamps`, and at the sentence's audio.done renders both, the words timed from
+    the start of that sentence's audio."""
+    text = "Hello world. How are you today? I am doing great."
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--forced-aligner", str(ALIGNER))
+    try:
+        binary, events = asyncio.run(ws_utterance(server.url, [
+            {"type": "session.config", "task_type": "CustomVoice", "word_timestamps": True, "stream_audio": True,
+             "response_format": "pcm", "language": "Auto", "voice": "aiden", **GREEDY},
+            {"type": "input.text", "text": text}, {"type": "input.done"}]))
+        assert events[-1]["type"] == "session.done", events[-1]
+        sentences, rendered = {}, []
+        for event in events:   # the page's onmessage
+            if event["type"] == "audio.start":
+                sentences[event["sentence_index"]] = {"text": event["sentence_text"], "chunks": [], "timestamps": None}
+            elif event["type"] == "audio.chunk" and event["sentence_index"] in sentences:
+                sentence = sentences[event["sentence_index"]]
+                if event["audio_b64"]:
+                    sentence["chunks"].append(base64.b64decode(event["audio_b64"]))
+                if event["timestamps"] is not None:
+                    sentence["timestamps"] = event["timestamps"]
+            elif event["type"] == "audio.done":
+                rendered.append(dict(sentences[event["sentence_index"]]))
+        assert binary == b""
+        [sentence] = rendered   # token mode: the utterance is one request
+        assert sentence["text"] == text
+        pcm = b"".join(sentence["chunks"])
+        status, _, expected = speech(server, {"input": text, "voice": "aiden", "non_streaming_mode": False})
+        assert status == 200
+        assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
+        words = sentence["timestamps"]
+        assert [w["word"] for w in words] == split_words(text, None)
+        times = [t for w in words for t in (w["start_ms"], w["end_ms"])]
+        assert times == sorted(times) and 0 <= times[0] and times[-1] <= round(len(pcm) / 48)  # 48 bytes a ms
+    finally:
+        server.stop()

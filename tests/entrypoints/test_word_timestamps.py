@@ -99,14 +99,14 @@ def test_where_they_cannot_go_is_a_400(server):
     status, _, body = request(server.url + "/v1/audio/speech/batch",
                               {"items": [{"input": "Hi.", "word_timestamps": True}]})
     [result] = json.loads(body)["results"]
-    assert result["status"] == 400 and result["error"]["param"] == "word_timestamps", result
+    assert result["status_code"] == 400 and result["error"]["param"] == "word_timestamps", result
 
 
 def test_websocket_trailing_chunks_per_sentence_are_absolute(server):
     sentences = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog!"]
     _, events = asyncio.run(ws_utterance(server.url, [
         {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
-         "split_granularity": "sentence", "word_timestamps": True},
+         "split_granularity": "sentence", "word_timestamps": True, "audio_frames": "binary"},
         {"type": "input.text", "text": " ".join(sentences)}, {"type": "input.done"}]))
     assert events[-1]["type"] == "session.done", events[-1]
     done = {e["sentence_index"]: e["total_bytes"] / 2 / 24000 for e in events if e["type"] == "audio.done"}
@@ -127,7 +127,7 @@ def test_websocket_token_mode_gets_them_sentence_by_sentence(server):
     pieces = ["Hello world, ", "this is a test. The quick brown ", "fox jumps over the lazy dog! See you soon."]
     _, events = asyncio.run(ws_utterance(server.url, [
         {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
-         "word_timestamps": True},
+         "word_timestamps": True, "audio_frames": "binary"},
         *[{"type": "input.text", "text": piece} for piece in pieces], {"type": "input.done"}]))
     assert events[-1]["type"] == "session.done"
     trailing = [e for e in events if e["type"] == "audio.chunk"]
@@ -137,6 +137,27 @@ def test_websocket_token_mode_gets_them_sentence_by_sentence(server):
         assert [w["word"] for w in event["timestamps"]] == split_words(sentence, None)
     check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for e in trailing for w in e["timestamps"]],
                 " ".join(sentences), done["total_bytes"] / 2 / 24000)
+
+
+def test_websocket_audio_chunk_events_carry_each_requests_audio_then_its_words(server):
+    """vllm-omni's framing, the default for word_timestamps over streamed pcm: each request's audio in audio.chunk
+    events, then its words in one more (no audio) before its audio.done, timed from the request's own start."""
+    sentences = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog!"]
+    binary, events = asyncio.run(ws_utterance(server.url, [
+        {"type": "session.config", "voice": "vivian", "seed": 7, "response_format": "pcm", "stream_audio": True,
+         "split_granularity": "sentence", "word_timestamps": True},
+        {"type": "input.text", "text": " ".join(sentences)}, {"type": "input.done"}]))
+    assert events[-1]["type"] == "session.done" and binary == b""
+    for index, sentence in enumerate(sentences):
+        start, done = (next(i for i, e in enumerate(events) if e["type"] == kind and e["sentence_index"] == index)
+                       for kind in ("audio.start", "audio.done"))
+        *audio, words = [e for e in events[start:done] if e["type"] == "audio.chunk"]
+        assert [e["chunk_id"] for e in [*audio, words]] == list(range(len(audio) + 1))
+        assert audio and all(e["timestamps"] is None and e["sample_rate"] == 24000 for e in audio)
+        pcm = b"".join(base64.b64decode(e["audio_b64"]) for e in audio)
+        assert len(pcm) == events[done]["total_bytes"] and words["audio_b64"] == ""
+        check_words([(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in words["timestamps"]], sentence,
+                    len(pcm) / 2 / 24000)
 
 
 def aligner_status(server) -> dict:

@@ -122,20 +122,24 @@ _SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them
     "properties": {"event": {"enum": [event["properties"]["type"]["const"] for event in _SPEECH_EVENT_DATA["oneOf"]]},
                    "data": {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": _SPEECH_EVENT_DATA}}}
-_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py
-    {"type": "object", "required": ["index", "status", "response_format", "audio", "usage", "finish_reason",
-                                    "audio_seconds"],
-     "properties": {"index": _INT_SCHEMA, "status": {"const": 200}, "response_format": {"type": "string"},
-                    "audio": {"type": "string", "contentEncoding": "base64"}, "usage": {"$ref": _SCHEMAS + "Usage"},
+_BATCH_TOTALS = {"type": "object", "required": ["total", "succeeded", "failed"],
+                 "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}
+_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py: vllm-omni's fields (status, audio_data, media_type) and ours
+    {"type": "object", "required": ["index", "status", "status_code", "response_format", "media_type", "audio_data",
+                                    "usage", "finish_reason", "audio_seconds"],
+     "properties": {"index": _INT_SCHEMA, "status": {"const": "success"}, "status_code": {"const": 200},
+                    "response_format": {"type": "string"}, "media_type": {"type": "string"},
+                    "audio_data": {"type": "string", "contentEncoding": "base64"},
+                    "usage": {"$ref": _SCHEMAS + "Usage"},
                     "finish_reason": {"type": "string"}, "audio_seconds": {"type": "number"},
                     "voice_ignored": {"type": "string"}, "ignored_fields": {"type": "string"}}},
-    {"type": "object", "required": ["index", "status", "error"],
-     "properties": {"index": _INT_SCHEMA, "status": {"type": "integer", "minimum": 400},
+    {"type": "object", "required": ["index", "status", "status_code", "error"],
+     "properties": {"index": _INT_SCHEMA, "status": {"const": "error"},
+                    "status_code": {"type": "integer", "minimum": 400},
                     "error": _ERROR_RESPONSE["properties"]["error"]}}]}
-_BATCH_RESPONSE = {"type": "object", "required": ["results", "summary"], "properties": {
-    "results": {"type": "array", "items": _BATCH_RESULT, "description": "one per item, in the items' order"},
-    "summary": {"type": "object", "required": ["total", "succeeded", "failed"],
-                "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}}}
+_BATCH_RESPONSE = {"type": "object", "required": ["id", "results", *_BATCH_TOTALS["required"], "summary"],
+                   "properties": {"id": {"type": "string"}, "results": {"type": "array", "items": _BATCH_RESULT},
+                                  **_BATCH_TOTALS["properties"], "summary": _BATCH_TOTALS}}
 _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "status": {"enum": ["healthy", "unhealthy"]}, "message": {"type": "string"},
     "stage": {"type": "string", "description": "the failed stage"}}}
@@ -151,9 +155,18 @@ _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio
     _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
            format={"type": "string"}, sample_rate=_INT, channels=_INT),
     _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT, error={"type": "boolean"}),
-    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"}),
+    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"},
+           commit_id={"type": ["string", "null"]}, sentence_index=_INT, chars_committed=_INT),
     _event("session.done", utterance_index=_INT, total_sentences=_INT),
-    _event("error", message={"type": "string"})]}
+    _event("error", message={"type": "string"}),
+    {"type": "object", "required": ["type", "utterance_index", "sentence_index", "timestamps"],
+     "description": "audio_frames json (api/audio_frames.py): a piece of audio (`audio_b64`; timestamps null) or the "
+                    "request's words (its last, `audio_b64` empty); else a request's words after its audio.done",
+     "properties": {"type": {"const": "audio.chunk"}, "utterance_index": _INT, "sentence_index": _INT,
+                    "chunk_id": _INT, "sample_rate": _INT, "channels": _INT, "audio_b64": {"type": "string"},
+                    "timestamps": {"type": ["array", "null"],
+                                   "items": {"type": "object", "required": ["word", "start_ms", "end_ms"]}},
+                    "reason": {"type": "string", "description": "why timestamps is null"}}}]}
 
 
 def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
@@ -234,13 +247,14 @@ def _speech_batch_operation() -> dict:
         "operationId": "createSpeechBatch",
         "summary": "Synthesize 1–32 speech requests at once, answered together as base64 files in JSON",
         "description": ("Each item is checked and admitted as a /v1/audio/speech request and fails alone: its "
-                        "result carries the status and error that route would answer, and the batch is still 200. "
+                        "result (`status` success or error, vllm-omni's) carries the status code and error that route "
+                        "would answer, and the batch is still 200. The totals are vllm-omni's, and again in `summary`. "
                         f"The items' files together hold at most {MAX_BATCH_AUDIO_BYTES >> 20} MiB (each item its "
                         "equal share; over it: 413)."),
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechBatchRequest"}}}},
         "responses": {
-            "200": _json("SpeechBatchResponse", "every item's result, in order, and a summary"),
+            "200": _json("SpeechBatchResponse", "every item's result, in order, and the totals"),
             "400": _error("a malformed batch (the field is named in `param`)"),
             "404": _error("the batch's `model` is not served here"),
             "408": _error("the body did not arrive within --body-read-timeout"),
@@ -255,13 +269,14 @@ def _speech_stream_operation() -> dict:
             "Upgrade this GET to a WebSocket (RFC 6455). The client sends JSON text messages "
             "(SpeechStreamClientMessage): session.config first (the speech fields but input, plus split_granularity "
             "and stream_audio), then input.text pieces and input.done per utterance, session.close at the end. The "
-            "server answers with JSON events (SpeechStreamServerEvent) and binary frames of audio in the configured "
-            "format, between an utterance's audio.start and audio.done; an error event is followed by the close of "
-            "the connection. split_granularity token (the default) speaks each utterance as one request whose text "
-            "grows as it arrives, with the audio of the whole text (streaming layout). With an API key, a client "
-            "that cannot set the Authorization header (a browser) may offer the subprotocols `omni-tts` and "
-            "`omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server answers "
-            "`omni-tts`."),
+            "server answers with JSON events (SpeechStreamServerEvent) and the audio in the configured format "
+            "between a request's audio.start and audio.done: binary frames, or with audio_frames json (the default "
+            "for word_timestamps over streamed pcm, as vllm-omni) audio.chunk events; an error event is followed "
+            "by the close of the connection. split_granularity token (the default) speaks each utterance as one "
+            "request whose text grows as it arrives, with the audio of the whole text (streaming layout). With an "
+            "API key, a client that cannot set the Authorization header (a browser) may offer the subprotocols "
+            "`omni-tts` and `omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server "
+            "answers `omni-tts`."),
         "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
                         "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
         "responses": {

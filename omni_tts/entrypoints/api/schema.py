@@ -130,6 +130,15 @@ class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
     # vllm-omni's names for token mode: token_level (text joins the request as it arrives) and sentence_commit (text
     # joins it at each input.commit, acknowledged by input.committed)
     streaming_mode: Literal["token_level", "sentence_commit"] | None = None
+    # how the audio travels: binary frames, or vllm-omni's audio.chunk events (base64 in JSON, each request's words in
+    # its last one); None: vllm-omni's rule, audio.chunk events for word_timestamps over streamed pcm
+    audio_frames: Literal["binary", "json"] | None = None
+
+    @property
+    def audio_in_json(self) -> bool:
+        if self.audio_frames is not None:
+            return self.audio_frames == "json"
+        return self.word_timestamps and self.stream_audio and self.response_format == "pcm"
 
 
 class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", tag_field="type"):
@@ -138,7 +147,9 @@ class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", ta
 
 class InputCommit(msgspec.Struct, forbid_unknown_fields=True, tag="input.commit", tag_field="type"):
     """streaming_mode sentence_commit: the text sent since the last commit joins the utterance's request; in the
-    other modes the text has joined already. Either way answered by input.committed."""
+    other modes the text has joined already. Either way answered by input.committed, which echoes `commit_id`
+    (vllm-omni's: the client's name for the commit)."""
+    commit_id: str | None = None
 
 
 class InputDone(msgspec.Struct, forbid_unknown_fields=True, tag="input.done", tag_field="type"):

@@ -5,15 +5,18 @@ The body is `{"items": [...], ...defaults}`: each item is a /v1/audio/speech bod
 field). An item is checked exactly as a request to /v1/audio/speech is (`schema.decode_speech_options`,
 `synthesis.check_speech`), takes its own admission slot, and runs concurrently with the others; it asks for a
 whole file (`stream: true` or a `stream_format` fails it). One item's failure is its own: its result carries the
-status and error envelope /v1/audio/speech would have answered, and the batch is still 200. Only a malformed batch
-(not a JSON object; `items` missing, not a list of objects, empty or over 32; a default of the wrong type; `input`,
-`stream` or `stream_format` beside `items`) is a 400, and a default `model` the server does not serve a 404.
+status code and error envelope /v1/audio/speech would have answered, and the batch is still 200. Only a malformed
+batch (not a JSON object; `items` missing, not a list of objects, empty or over 32; a default of the wrong type;
+`input`, `stream` or `stream_format` beside `items`) is a 400, and a default `model` the server does not serve a 404.
 
-The answer: `{"results": [{"index", "status", "response_format", "audio" (base64 of the file), "usage",
-"finish_reason", "audio_seconds", and "voice_ignored" / "ignored_fields" as /v1/audio/speech's headers} |
-{"index", "status", "error"}, ...in the items' order], "summary": {"total",
-"succeeded", "failed"}}`. Its size is bounded: the items' files together hold at most MAX_BATCH_AUDIO_BYTES, each
-item at most its equal share (an item over it fails with 413), so the body stays under ~86 MiB once base64'd.
+The answer is vllm-omni's batch response with our additions: `{"id" (the request id), "results": [{"index",
+"status": "success", "status_code": 200, "response_format", "media_type", "audio_data" (base64 of the file),
+"usage", "finish_reason", "audio_seconds", and "voice_ignored" / "ignored_fields" as /v1/audio/speech's headers} |
+{"index", "status": "error", "status_code", "error" (the envelope's error object)}, ...in the items' order],
+"total", "succeeded", "failed", "summary": {the same three}}`. vllm-omni's client reads `status` as "success" /
+"error" and the file as `audio_data` (sent once: it is most of the body), so the HTTP status has a name of its own.
+Its size is bounded: the items' files together hold at most MAX_BATCH_AUDIO_BYTES, each item at most its equal
+share (an item over it fails with 413), so the body stays under ~86 MiB once base64'd.
 
 A client that goes away cancels the handler (the app runs with handler_cancellation), which cancels every item;
 each item's audio stream is closed as it unwinds (`synthesis.open_speech`), which aborts it in every stage.
@@ -27,6 +30,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.api.schema import (FIELD_ALIASES, IGNORED_FIELDS_HEADER, JSON_RESPONSE, MAX_BATCH_AUDIO_BYTES,
                                            ApiError,
                                            SpeechBatchRequest, SpeechRequest, decode_json, decode_speech_options,
@@ -86,9 +90,9 @@ async def create_speech_batch(request: web.Request) -> web.Response:
     if ignored:
         logger.warning("request %s: ignored unknown field(s): %s", request_id(request), describe_fields(ignored))
     log.audio_seconds = sum(r.get("audio_seconds", 0.0) for r in results)
-    succeeded = sum(r["status"] == 200 for r in results)
-    answer = {"results": results,
-              "summary": {"total": len(results), "succeeded": succeeded, "failed": len(results) - succeeded}}
+    totals = {"total": len(results), "succeeded": sum(r["status"] == "success" for r in results)}
+    totals["failed"] = totals["total"] - totals["succeeded"]
+    answer = {"id": request_id(request), "results": results, **totals, "summary": totals}
     body = await state.run(msgspec.json.encode, answer)  # tens of MB at most, base64 included: off the loop
     headers = {IGNORED_FIELDS_HEADER: describe_fields(ignored)} if ignored else None
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -123,13 +127,14 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
         error = api_error(e)
         state.metrics.requests.labels(str(error.status)).inc()
         state.metrics.count_error(error.status)
-        return {"index": index, "status": error.status, "error": error.body()["error"]}
+        return {"index": index, "status": "error", "status_code": error.status, "error": error.body()["error"]}
     except asyncio.CancelledError:  # the client went away
         state.metrics.requests.labels("abort").inc()
         raise
     state.metrics.requests.labels("200").inc()
-    result = {"index": index, "status": 200, "response_format": speech.response_format,
-              "audio": data,  # bytes: msgspec writes them as base64
+    result = {"index": index, "status": "success", "status_code": 200, "response_format": speech.response_format,
+              "media_type": content_type(speech.response_format),
+              "audio_data": data,  # bytes: msgspec writes them as base64
               "usage": usage_json(last), "finish_reason": last.usage.finish_reason, "audio_seconds": round(seconds, 3)}
     if voice.ignored:
         result["voice_ignored"] = voice.ignored

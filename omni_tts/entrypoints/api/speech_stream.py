@@ -1,18 +1,20 @@
 """WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol.
 
 Client → server (JSON text messages): `session.config` (first; again between utterances), `input.text` {text},
-`input.commit`, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
+`input.commit` {commit_id?}, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
 Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
-channels}, binary audio frames (the whole file per request, or with stream_audio its pieces as they are made),
-`audio.done` {utterance_index, sentence_index, total_bytes, error: false}, `session.done` {utterance_index,
-total_sentences}, and `error` {message}, after which the server closes the connection and the session's requests end
-in the stages. session.config takes `speaker` for `voice` and ignores (and logs) fields it does not know, as an HTTP
-request does.
+channels}, the audio (the whole file per request, or with stream_audio its pieces as they are made) in binary
+frames, or in audio.chunk events with `audio_frames` json (the default for word_timestamps over streamed pcm, as
+vllm-omni sends it: audio_frames.py), `audio.done` {utterance_index, sentence_index, total_bytes, error: false},
+`session.done` {utterance_index, total_sentences}, and `error` {message}, after which the server closes the
+connection and the session's requests end in the stages. session.config takes `speaker` for `voice` and ignores (and
+logs) fields it does not know, as an HTTP request does.
 
 vllm-omni's token-level protocol maps onto token mode: `streaming_mode` `token_level` is token mode as it is;
 `sentence_commit` keeps the text of `input.text` until an `input.commit`, which adds it to the utterance's one
-request and is answered `input.committed` {utterance_index, commit_index, text} (in the other modes the text has
-joined already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
+request and is answered `input.committed` {utterance_index, commit_index, text, and vllm-omni's commit_id (the
+commit's own, echoed), sentence_index (= commit_index) and chars_committed} (in the other modes the text has joined
+already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
 
 split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
 (the pipeline's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
@@ -48,13 +50,14 @@ from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .admission import Admission
+from .audio_frames import AudioFrames
 from .auth import WS_PROTOCOL
 from .errors import REQUEST_ERRORS, api_error
 from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
-from .word_times import ProgressiveTimestamps, TrailingTimestamps, check_word_timestamps
+from .word_times import ProgressiveTimestamps, TrailingTimestamps, align_span, check_word_timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +181,10 @@ class SpeechSession:
             text, self.uncommitted = self.uncommitted, ""
             await self._add(text)
             await self.ws.send_json({"type": "input.committed", "utterance_index": self.utterance_index,
-                                     "commit_index": self.num_commits, "text": text})
+                                     "commit_index": self.num_commits, "text": text,
+                                     # vllm-omni's names: its client reads commit_id and sentence_index
+                                     "commit_id": message.commit_id, "sentence_index": self.num_commits,
+                                     "chars_committed": len(text)})
             self.num_commits += 1
         elif isinstance(message, InputDone):
             text, self.uncommitted = self.uncommitted, ""  # what was never committed is spoken too
@@ -218,7 +224,7 @@ class SpeechSession:
                 self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")
         self.config = config
         self.timestamps = (TrailingTimestamps(self.state, self.ws, f"ws-{id(self):x}", config.language)
-                           if config.word_timestamps else None)
+                           if config.word_timestamps and not config.audio_in_json else None)
 
     def synthesis(self, text: str) -> SynthesisRequest:
         return dataclasses.replace(self.template, text=text)
@@ -231,9 +237,11 @@ class SpeechSession:
     async def send_audio(self, chunks: AsyncIterator[SpeechChunk], sentence_index: int,
                          sentence_text: Callable[[], str], admission: Admission,
                          progressive: ProgressiveTimestamps | None = None) -> None:
-        """One request's audio.start, binary frames and audio.done; with word_timestamps, its words after it (a
-        token-mode request's sentence by sentence while it runs: `progressive`)."""
-        config, started, total_bytes = self.config, time.monotonic(), 0
+        """One request's audio.start, audio (binary frames or audio.chunk events) and audio.done; with
+        word_timestamps, its words: in audio.chunk events its last one, else after audio.done (a token-mode
+        request's sentence by sentence while it runs: `progressive`)."""
+        config, started = self.config, time.monotonic()
+        frames = AudioFrames(self.state, self.ws, config, self.utterance_index, sentence_index)
         start = {"type": "audio.start", "utterance_index": self.utterance_index, "sentence_index": sentence_index,
                  "format": config.response_format}
         if config.response_format == "pcm":
@@ -255,29 +263,31 @@ class SpeechSession:
                     admission.first_audio()
                     if progressive is not None:
                         progressive.feed(chunk.audio, sentence_text())
-                    elif self.timestamps is not None:
+                    elif config.word_timestamps:
                         spoken.append(chunk.audio)
                     if encoder is None:
                         parts.append(chunk.audio)
                         continue
-                    if total_bytes == 0:
+                    if frames.total_bytes == 0:
                         await self.ws.send_json(start | {"sentence_text": sentence_text()})
                     data = pending + await encode_chunk(self.state, encoder, chunk.audio)
                     pending = b""
-                    total_bytes += len(data)
-                    await self.ws.send_bytes(data)
+                    await frames.send(data)
                 if chunk.usage is not None:
                     record_usage(self.state, chunk, started)
             data = pending + encoder.finish() if encoder else (await encode_whole(self.state, config, parts))[0]
         finally:
             if encoder is not None:
                 encoder.close()  # a cancelled or failed request's codec context is freed now, not by the GC
-        if total_bytes == 0:
+        if frames.total_bytes == 0:
             await self.ws.send_json(start | {"sentence_text": sentence_text()})
         if data:
-            total_bytes += len(data)
-            await self.ws.send_bytes(data)
-        await self.ws.send_json(done | {"total_bytes": total_bytes, "error": False})
+            await frames.send(data)
+        if config.word_timestamps and frames.in_json:
+            audio = await self.state.run(delivered_audio, config, spoken)
+            await frames.send_words(await align_span(self.state, f"ws-{id(self):x}-{self.utterance_index}",
+                                                     sentence_index, audio, sentence_text(), config.language))
+        await self.ws.send_json(done | {"total_bytes": frames.total_bytes, "error": False})
         if progressive is not None:
             self.timestamps.add_progressive(progressive, sentence_text())
         elif self.timestamps is not None:
