@@ -1,6 +1,7 @@
-"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, every way `serve` can fail before
-it serves — a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it
-starts — each one line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
+"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, the embedded model saying it speaks
+noise, every way `serve` can fail before it serves —
+a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it starts — each one
+line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
 import importlib.metadata
 import json
 import os
@@ -16,7 +17,7 @@ from safetensors import safe_open
 
 from conftest import FIXTURES
 from omni_tts.entrypoints.cli import main
-from server_util import ServerProcess, free_port, stage_pids
+from server_util import ServerProcess, free_port, request, stage_pids
 
 CLI = [sys.executable, "-m", "omni_tts.entrypoints.cli"]
 
@@ -61,6 +62,21 @@ def test_help_shows_the_defaults(command, defaults, capsys, monkeypatch):
     for default in defaults:
         assert default in text, default
     assert "(default: None)" not in text and "secret-key-never-shown" not in text
+
+
+def test_the_embedded_model_says_it_speaks_noise(tmp_path):
+    """Without --model the server serves the embedded tiny model, whose weights are random: its ready line and
+    /v1/models say so (the playground shows it: test_playground.py); a checkpoint given by --model: test_server.py."""
+    server = ServerProcess("--forced-aligner", "none", env={"OMNI_TTS_CACHE": str(tmp_path)})
+    try:
+        status, _, body = request(server.url + "/v1/models")
+        assert status == 200 and [entry["random_weights"] for entry in json.loads(body)["data"]] == [True] * 5
+    finally:
+        output = server.stop()
+    ready = next(line for line in output.splitlines() if " ready: " in line)
+    assert f"ready: serving {tmp_path / 'tiny-custom-voice-v1'} as 'tiny-custom-voice-v1' " in ready
+    assert "the embedded tiny model has random weights: it speaks noise, not speech" in ready
+    assert "omni-tts serve --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in ready
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
