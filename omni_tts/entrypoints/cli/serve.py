@@ -215,8 +215,8 @@ def ready_line(tts: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...
         f"{name} on {cfg.device} ({cfg.dtype}, max batch {tts.batch_sizes[name]}, "
         f"{tts.threads[name]} torch thread{'s' if tts.threads[name] > 1 else ''})"
         for name, cfg in tts.pipeline.stages.by_name().items())
-    return with_random_weights_note(f"ready: serving {model_dir} as {quoted(served_model_names)} at {url}; {stages}",
-                                    random_weights)
+    names = quoted_names(served_model_names)
+    return with_random_weights_note(f"ready: serving {model_dir} as {names} at {url}; {stages}", random_weights)
 
 
 def with_random_weights_note(ready: str, random_weights: bool) -> str:
@@ -224,7 +224,7 @@ def with_random_weights_note(ready: str, random_weights: bool) -> str:
     return f"{ready}. Note: {RANDOM_WEIGHTS_NOTE}" if random_weights else ready
 
 
-def quoted(served_model_names: tuple[str, ...]) -> str:
+def quoted_names(served_model_names: tuple[str, ...]) -> str:
     return ", ".join(f"'{name}'" for name in served_model_names)
 
 
