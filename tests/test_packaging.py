@@ -1,11 +1,14 @@
 """The wheel serves on its own: built from the repository, installed into a fresh virtualenv outside it and started
 from a directory outside it, `omni-tts serve` finds everything it reads at run time (stage configs, tokenizer
-assets for the embedded tiny model, the /docs and playground pages) inside the installed package."""
+assets for the embedded tiny model, the /docs and playground pages) inside the installed package, and needs nothing
+that only the test extra installs (the README's serving set-up installs the package alone)."""
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import soundfile as sf
@@ -39,12 +42,33 @@ def see_installed_dependencies(venv: Path) -> None:
     (site_packages / "installed_dependencies.pth").write_text("\n".join(here) + "\n")
 
 
+def modules_of_the_test_extra() -> list[str]:
+    """The top-level modules of the packages the test extra names, the extras it includes expanded (`ray[serve]` →
+    ray, `openapi-spec-validator` → openapi_spec_validator)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    requirements = list(extras["test"])
+    for requirement in requirements:
+        if included := re.fullmatch(r"omni_tts\[(.*)\]", requirement):
+            requirements += [r for extra in included[1].split(",") for r in extras[extra]]
+    names = [re.match(r"[\w.-]+", r)[0] for r in requirements if not r.startswith("omni_tts[")]
+    return [name.lower().replace("-", "_") for name in names]
+
+
+def hide_test_extra(venv: Path) -> None:
+    """Every process of `venv` (the server and its stages) finds the test extra's packages missing, as a set-up that
+    installed the package alone would (None in sys.modules: `import` raises ImportError)."""
+    [site_packages] = (venv / "lib").glob("python*/site-packages")
+    (site_packages / "hide_test_extra.pth").write_text(
+        f"import sys; sys.modules.update(dict.fromkeys({modules_of_the_test_extra()!r}))\n")
+
+
 def test_wheel_installed_outside_the_repository_serves(tmp_path):
     assert REPO not in tmp_path.parents
     wheel = build_wheel(tmp_path / "dist", tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     see_installed_dependencies(venv)
+    hide_test_extra(venv)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
                     "--no-index", "-q", str(wheel)], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
@@ -58,6 +82,9 @@ def test_wheel_installed_outside_the_repository_serves(tmp_path):
     words = subprocess.run([str(venv / "bin" / "python"), "-c", korean], cwd=elsewhere, env=environment(env),
                            capture_output=True, text=True, check=True).stdout.strip()
     assert words == "['서울', '입니다']"  # the aligner's Korean dictionary, from the package data
+    hidden = subprocess.run([str(venv / "bin" / "python"), "-c", "import pytest"], cwd=elsewhere, env=environment(env),
+                            capture_output=True, text=True)
+    assert hidden.returncode == 1 and "ModuleNotFoundError" in hidden.stderr, hidden.stderr
     server = ServerProcess(env=env, command=[str(venv / "bin" / "omni-tts")], cwd=str(elsewhere))
     try:
         status, headers, body = request(server.url + "/v1/audio/speech", {
@@ -77,3 +104,4 @@ def test_wheel_installed_outside_the_repository_serves(tmp_path):
     finally:
         output = server.stop()
     assert " ready: serving " in output and str(REPO) not in output
+    assert "the embedded tiny model has random weights: it speaks noise" in output

@@ -48,8 +48,9 @@ class ListenerSettings:
 class ApiSettings:
     """What the HTTP API takes and how long it waits (the API server's config, entrypoints/api/config.py, is these
     and what the server made of its other options)."""
-    openai_aliases: bool = setting(True, "do not also answer to OpenAI's TTS model names (tts-1, tts-1-hd, "
-                                         "gpt-4o-mini-tts, gpt-4o-mini-tts-2025-12-15)", flag="--no-openai-aliases")
+    openai_aliases: bool = setting(True, "do not answer to OpenAI's TTS model names (tts-1, tts-1-hd, "
+                                         "gpt-4o-mini-tts, gpt-4o-mini-tts-2025-12-15), as the server does by default",
+                                   flag="--no-openai-aliases")
     default_voice: str | None = setting(None, "CustomVoice: the voice of requests that name none, a speaker or an "
                                               "OpenAI voice name (default: the checkpoint's first speaker)")
     strict_fields: bool = setting(False, "answer 400 to a speech request field the server does not know (default: "
@@ -57,8 +58,9 @@ class ApiSettings:
                                          "response header)")
     max_queue: PositiveInt = setting(256, "admitted requests beyond which the server answers 429")
     voices_dir: str | None = setting(None, "where uploaded voices are kept (enables POST /v1/audio/voices); "
-                                           "replicas given the same directory share them")
-    allowed_local_media_path: str | None = setting(None, "directory ref_audio may name local files in")
+                                           "replicas given the same directory share them (default: none: no uploads)")
+    allowed_local_media_path: str | None = setting(None, "directory ref_audio may name local files in (default: "
+                                                         "none: no local files)")
     voices_quota_mb: PositiveInt = setting(1024, "total size of the uploaded voices' clips, in MiB; uploads beyond "
                                                  "are answered 413")
     allowed_origins: tuple[str, ...] = setting((), "browser origins (scheme://host[:port], or *) that may call the "

@@ -1,14 +1,17 @@
-"""`omni-tts` as a user runs it (real processes): --version, defaults in --help, every way `serve` can fail before
-it serves — a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it
-starts — each one line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
+"""`omni-tts` as a user runs it (real processes): --version, defaults in --help (every `serve` flag's, and the
+README's synopsis of them), the embedded model saying it speaks noise, every way `serve` can fail before it serves —
+a bad or busy port, a device the machine lacks, an unloadable model, a stage that raises while it starts — each one
+line on stderr and a non-zero exit without a traceback, and a quiet Ctrl+C."""
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +19,10 @@ from safetensors import safe_open
 
 from conftest import FIXTURES
 from omni_tts.entrypoints.cli import main
-from server_util import ServerProcess, free_port, stage_pids
+from server_util import ServerProcess, free_port, request, stage_pids
 
 CLI = [sys.executable, "-m", "omni_tts.entrypoints.cli"]
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -61,6 +65,75 @@ def test_help_shows_the_defaults(command, defaults, capsys, monkeypatch):
     for default in defaults:
         assert default in text, default
     assert "(default: None)" not in text and "secret-key-never-shown" not in text
+
+
+def help_entries(command: str, capsys, monkeypatch) -> dict[str, str]:
+    """`omni-tts COMMAND --help`'s options section: each option's flags (its invocation, e.g. `--port PORT`)
+    → its help text, wrapped lines joined."""
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("\noptions:\n", 1)[1]
+    entries: dict[str, str] = {}
+    for line in options.splitlines():
+        if line.startswith("  -"):  # an option: its invocation, then (after two spaces) its help, or on the next line
+            invocation, _, text = line.strip().partition("  ")
+            entries[invocation] = text.strip()
+        else:
+            entries[invocation] = f"{entries[invocation]} {line.strip()}".strip()
+    return entries
+
+
+def flags(text: str) -> list[str]:
+    return re.findall(r"(?<![\w-])--[a-z][a-z-]*", text)
+
+
+def test_every_serve_flag_shows_its_default_or_says_it_has_none(capsys, monkeypatch):
+    entries = help_entries("serve", capsys, monkeypatch)
+    entries.pop("-h, --help")
+    assert len(entries) > 20  # the parse found them
+    for invocation, text in entries.items():
+        assert re.search(r"\bdefault\b", text, re.IGNORECASE), (invocation, text)
+        # a Python value is no answer: a negated switch's True, an unset option's None, an empty list
+        assert not re.search(r"\(default: (None|True|False|\[\])\)", text), (invocation, text)
+    assert entries["--no-openai-aliases"].endswith("as the server does by default")
+    assert entries["--allow-remote-ref-audio"].endswith("(default: off)")
+
+
+def readme_synopses() -> dict[str, str]:
+    """The README's synopsis of each command: in a code block, a line `omni-tts COMMAND … [--…` (not an example: it
+    shows optional flags) and the indented lines after it."""
+    synopses: dict[str, str] = {}
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL):
+        for entry in re.split(r"\n(?=\S)", block):
+            if match := re.match(r"omni-tts ([a-z-]+) .*\[--", entry, re.DOTALL):
+                assert match[1] not in synopses, f"two synopses of {match[1]}"
+                synopses[match[1]] = entry
+    return synopses
+
+
+@pytest.mark.parametrize("command", ["serve", "synthesize", "narrate", "make-tiny-model"])
+def test_the_readmes_synopsis_lists_exactly_the_flags_of_help(command, capsys, monkeypatch):
+    listed = flags(readme_synopses()[command])
+    helped = [flag for invocation in help_entries(command, capsys, monkeypatch) for flag in flags(invocation)]
+    helped.remove("--help")
+    assert len(set(listed)) == len(listed), listed
+    assert sorted(listed) == sorted(helped)
+
+
+def test_the_embedded_model_says_it_speaks_noise(tmp_path):
+    """Without --model the server serves the embedded tiny model, whose weights are random: its ready line and
+    /v1/models say so (the playground shows it: test_playground.py); a checkpoint given by --model: test_server.py."""
+    server = ServerProcess("--forced-aligner", "none", env={"OMNI_TTS_CACHE": str(tmp_path)})
+    try:
+        status, _, body = request(server.url + "/v1/models")
+        assert status == 200 and [entry["random_weights"] for entry in json.loads(body)["data"]] == [True] * 5
+    finally:
+        output = server.stop()
+    ready = next(line for line in output.splitlines() if " ready: " in line)
+    assert f"ready: serving {tmp_path / 'tiny-custom-voice-v1'} as 'tiny-custom-voice-v1' " in ready
+    assert "the embedded tiny model has random weights: it speaks noise, not speech" in ready
+    assert "omni-tts serve --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in ready
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])

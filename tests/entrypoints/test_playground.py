@@ -1,7 +1,8 @@
 """The playground (GET /) in a real headless Chromium against real server processes: it loads with no console
 errors and fills its controls from the API, a streamed request plays from its first packet (the page's played
 samples are the server's audio for that request), typed text is spoken over the WebSocket (the API key going as a
-subprotocol), the key form guards a keyed server, and a voice uploads and speaks on a Base model.
+subprotocol), the key form guards a keyed server, a voice uploads and speaks on a Base model, and the embedded
+tiny model (random weights) is announced as noise.
 
 Needs Debian's chromium and chromium-driver (`.ci/run` installs them); Selenium Manager is never used: the driver
 is given by path. OMNI_TTS_PLAYGROUND_SCREENSHOT=docs/playground.png saves the page after a request played.
@@ -58,6 +59,14 @@ def cv_server():
 def base_server(tmp_path_factory):
     server = ServerProcess("--model", str(FIXTURES / "tiny-base"), "--served-model-name", MODEL,
                            "--voices-dir", str(tmp_path_factory.mktemp("voices")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def embedded_server(tmp_path_factory):
+    """No --model: the embedded tiny model, generated into a cache of its own."""
+    server = ServerProcess("--forced-aligner", "none", env={"OMNI_TTS_CACHE": str(tmp_path_factory.mktemp("cache"))})
     yield server
     server.stop()
 
@@ -131,6 +140,16 @@ def test_the_page_loads_clean_and_lists_the_servers_models_voices_and_languages(
     assert option_values(browser, "language") == models[0]["languages"]
     assert browser.find_element(By.ID, "task-type").get_attribute("value") == "CustomVoice"
     assert not browser.find_element(By.ID, "upload-form").is_displayed()  # CustomVoice: nothing to upload
+    assert not browser.find_element(By.ID, "random-weights").is_displayed()  # a checkpoint given by --model
+
+
+def test_the_embedded_model_is_announced_as_noise_with_the_way_to_speech(browser, embedded_server):
+    open_page(browser, embedded_server, None)
+    banner = browser.find_element(By.ID, "random-weights")
+    assert banner.is_displayed()
+    assert "speaks noise" in banner.text and "random" in banner.text
+    assert "omni-tts serve --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in banner.text
+    assert console_errors(browser) == []
 
 
 def test_a_streamed_request_plays_from_its_first_packet(browser, cv_server):

@@ -326,6 +326,7 @@ def test_health_models_metrics(cv_server):
     for entry in json.loads(body)["data"]:  # what a request may ask of the checkpoint (the playground reads it)
         assert entry["task_type"] == "CustomVoice"
         assert entry["languages"][0] == "auto" and "english" in entry["languages"]
+        assert entry["random_weights"] is False  # a checkpoint given by --model (the embedded one: test_cli.py)
     status, _, body = request(cv_server.url + "/metrics")
     assert status == 200 and "omni_tts_requests_total" in body.decode()  # the families: test_metrics.py
 
@@ -350,6 +351,7 @@ def test_ready_line_access_log_and_version(cv_server):
     assert (f"ready: serving {FIXTURES / 'tiny-custom-voice'} as '{MODEL}' at {cv_server.url}; "
             f"talker on cpu (float32, max batch 32, {threads['talker']}); "
             f"code2wav on cpu (float32, max batch 32, {threads['code2wav']})") in ready
+    assert "noise" not in ready and "random weights" not in ready  # said of the embedded model only (test_cli.py)
     access = next(line for line in output.splitlines() if speech_line in line)
     assert f" audio={seconds:.3f}s ttfp=" in access and " INFO omni_tts.access: " in access
     assert version_line in output

@@ -13,12 +13,13 @@ TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TY
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """One entry per name the server answers to, the primary first; `root` names the primary in each, and
-    `task_type` and `languages` say what a request may ask of the checkpoint (the playground reads them)."""
+    """One entry per name the server answers to, the primary first; `root` names the primary in each,
+    `task_type` and `languages` say what a request may ask of the checkpoint, and `random_weights` whether it is the
+    embedded tiny model, which speaks noise (the playground reads them)."""
     state = request.app[STATE]
     names = state.config.model_names
     checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.tts.config.tts_model_type],
-                  "languages": state.tts.prompts.languages}
+                  "languages": state.tts.prompts.languages, "random_weights": state.config.random_weights}
     return web.json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
         for name in names]})

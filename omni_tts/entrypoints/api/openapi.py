@@ -102,7 +102,12 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                                                     "only task_type it takes"},
                                                        "languages": {"type": "array", "items": {"type": "string"},
                                                                      "description": "the language values it "
-                                                                                    "takes (auto: detect)"}}}}}}
+                                                                                    "takes (auto: detect)"},
+                                                       "random_weights": {"type": "boolean",
+                                                                          "description": "true for the embedded tiny "
+                                                                                         "model (no --model): its "
+                                                                                         "weights are random, it "
+                                                                                         "speaks noise"}}}}}}
 _INT_SCHEMA = {"type": "integer"}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens", "input_token_details"],
           "properties": {**{name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")},

@@ -19,6 +19,7 @@ class ServerConfig(ApiSettings):
     api_key: str | None = None                 # when set, every route but openapi.OPEN_PATHS needs the key
     aligner: AlignerClient | None = None       # the forced aligner (word_timestamps), started with the app; None:
                                                # the field is refused
+    random_weights: bool = False               # the embedded tiny model (no --model): /v1/models says it speaks noise
 
     @property
     def model_names(self) -> tuple[str, ...]:

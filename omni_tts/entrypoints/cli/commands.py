@@ -18,6 +18,8 @@ from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.checkpoint_config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
 
 FORCED_ALIGNER = "forced_aligner"
+MODEL_HELP = ("checkpoint directory or Hugging Face repo id, e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (default: the "
+              "embedded tiny model, whose weights are random: it speaks noise)")
 
 if TYPE_CHECKING:  # imported where it is used: `serve` binds its port before it (and torch) is loaded
     from omni_tts.audio.url_fetch import UrlPolicy
@@ -32,11 +34,15 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none to show (None, off, empty): the help text says what
-    leaving such an option out means."""
+    """Shows each option's default: its value, or `off` for a switch (`--no-…` included: the switch is off, not its
+    setting's True). Where there is no value to show (None, empty) the help text itself says what leaving the option
+    out means, as it does where a switch's default needs more words than `off`."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default in ([], ()):
+        help = action.help or ""
+        if action.nargs == 0 and action.default is not argparse.SUPPRESS and "default" not in help:
+            return f"{help} (default: off)"
+        if action.default is None or isinstance(action.default, bool) or action.default in ([], ()):
             return action.help
         return super()._get_help_string(action)
 
@@ -48,7 +54,7 @@ def _add_log_level(p: argparse.ArgumentParser, default: str) -> None:
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synthesize", help="synthesize one utterance offline", formatter_class=_HelpFormatter)
-    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--text", required=True)
     p.add_argument("--task-type", choices=["CustomVoice", "VoiceDesign", "Base"])
     p.add_argument("--voice", help="CustomVoice speaker (default: the first speaker of the checkpoint)")
@@ -86,7 +92,7 @@ def _add_narrate(sub: argparse._SubParsersAction) -> None:
                    help="(default: from --out's extension; .ogg is opus, .raw is pcm) a cut flac or opus narration "
                         "cannot be resumed, only restarted")
     p.add_argument("--restart", action="store_true", help="start again, ignoring a partial output")
-    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
     p.add_argument("--voice", help="CustomVoice speaker or OpenAI voice name (default: the checkpoint's first speaker)")
@@ -141,7 +147,7 @@ def _add_serve_ray(sub: argparse._SubParsersAction) -> None:
 def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     """What `serve` and `serve-ray` share: the model, where to listen, the HTTP API's options (settings stated in
     config/settings.py) and each pipeline's supervision."""
-    p.add_argument("--model", help="checkpoint directory or Hugging Face repo id (default: the embedded tiny model)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
     add_options(p, ListenerSettings)
@@ -152,12 +158,13 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voices-manifest", metavar="FILE",
                    help="Base models: read-only voices prepared offline, a JSON or YAML file {\"voices\": [{\"name\", "
                         "\"audio\" (a path relative to the file), \"ref_text\"?, \"consent\"?}]}, checked at start-up; "
-                        "listed and spoken as uploaded voices, never replaced or deleted")
+                        "listed and spoken as uploaded voices, never replaced or deleted (default: none)")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
     p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",
                    help="hosts, addresses or networks ref_audio URLs may reach although they are not public "
-                        "(loopback, private, link-local); repeatable or comma-separated")
+                        "(loopback, private, link-local); repeatable or comma-separated (default: none: public "
+                        "addresses only)")
     p.add_argument("--api-key",  # the default is read later: --help must not print the key
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNI_TTS_API_KEY)")
     add_options(p, SupervisionSettings)

@@ -32,6 +32,11 @@ if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before
     Loader = Callable[[socket.socket, argparse.Namespace, UrlPolicy | None], ContextManager[Callable[[], Loaded]]]
 
 logger = logging.getLogger("omni_tts.serve")
+# what the ready line adds when the server serves the embedded tiny model: nothing else would tell its user why the
+# audio is noise (the 0.6B figure: docs/benchmarks.md, "The released 0.6B shapes on a CPU")
+RANDOM_WEIGHTS_NOTE = ("the embedded tiny model has random weights: it speaks noise, not speech. For speech, serve a "
+                       "released checkpoint, on a GPU: omni-tts serve --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice "
+                       "(on a CPU the 0.6B model runs ~7x slower than real time on 2 cores)")
 
 
 def serve(args: argparse.Namespace, ref_audio_urls: UrlPolicy | None, loader: Loader) -> int:
@@ -102,7 +107,7 @@ def local_pipeline(listener: socket.socket, args: argparse.Namespace,
         url = listener_url(listener)
         logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
                     stage_config, url)
-        return tts, config, ready_line(tts, model_dir, names, url)
+        return tts, config, ready_line(tts, model_dir, names, url, config.random_weights)
 
     yield load
 
@@ -127,9 +132,14 @@ def load_pipeline(args: argparse.Namespace) -> tuple[str, str, PipelineConfig]:
     from omni_tts.models.qwen3_tts.weights import resolve_model_dir
 
     set_torch_threads(1)  # this process only resamples and encodes; the cores belong to the stages
-    model_dir = resolve_model_dir(args.model) if args.model else default_model_dir()
+    model_dir = default_model_dir() if serves_embedded_model(args) else resolve_model_dir(args.model)
     stage_config = args.stage_config or ("qwen3_tts_1gpu" if torch.cuda.is_available() else "cpu_tiny")
     return model_dir, stage_config, load_stage_config(stage_config)
+
+
+def serves_embedded_model(args: argparse.Namespace) -> bool:
+    """Whether the server serves the embedded tiny model (no --model): random weights, made on first use."""
+    return not args.model
 
 
 def forced_aligner(args: argparse.Namespace, tts: AsyncTTS) -> AlignerClient | None:
@@ -156,7 +166,7 @@ def forced_aligner_dir(args: argparse.Namespace) -> str | None:
 
     choice = args.forced_aligner
     if choice is None:
-        return None if args.model else default_aligner_dir()
+        return default_aligner_dir() if serves_embedded_model(args) else None
     if choice.lower() == "none":
         return None
     model_dir = resolve_model_dir(choice)
@@ -191,7 +201,7 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
                 if args.voices_manifest else None)
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
-                        ref_audio_urls=ref_audio_urls, api_key=api_key)
+                        ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args))
 
 
 def listener_url(listener: socket.socket) -> str:
@@ -199,13 +209,23 @@ def listener_url(listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ready_line(tts: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str) -> str:
+def ready_line(tts: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str,
+               random_weights: bool) -> str:
     stages = "; ".join(
         f"{name} on {cfg.device} ({cfg.dtype}, max batch {tts.batch_sizes[name]}, "
         f"{tts.threads[name]} torch thread{'s' if tts.threads[name] > 1 else ''})"
         for name, cfg in tts.pipeline.stages.by_name().items())
-    names = ", ".join(f"'{name}'" for name in served_model_names)
-    return f"ready: serving {model_dir} as {names} at {url}; {stages}"
+    names = quoted_names(served_model_names)
+    return with_random_weights_note(f"ready: serving {model_dir} as {names} at {url}; {stages}", random_weights)
+
+
+def with_random_weights_note(ready: str, random_weights: bool) -> str:
+    """The ready line, and for the embedded tiny model the note that it speaks noise."""
+    return f"{ready}. Note: {RANDOM_WEIGHTS_NOTE}" if random_weights else ready
+
+
+def quoted_names(served_model_names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{name}'" for name in served_model_names)
 
 
 def print_error(command: str, message: str) -> None:

@@ -21,7 +21,8 @@ from omni_tts import package_version
 from omni_tts.config import available_cpus, stage_threads
 from omni_tts.config.options import from_options
 from omni_tts.config.settings import SupervisionSettings
-from omni_tts.entrypoints.cli.serve import listener_url, load_checkpoint, server_config
+from omni_tts.entrypoints.cli.serve import (listener_url, load_checkpoint, quoted_names, server_config,
+                                            with_random_weights_note)
 
 if TYPE_CHECKING:
     from omni_tts.audio.url_fetch import UrlPolicy
@@ -117,9 +118,9 @@ def ray_replicas(listener: socket.socket, args: argparse.Namespace,
                 f"{threads}")
         logger.info("omni-tts %s: deploying %s of %s as Ray Serve application '%s' (%s) to serve at %s",
                     package_version(), count, model_dir, app_name, each, url)
-        ready = (f"ready: serving {model_dir} as {', '.join(repr(n) for n in names)} at {url} through Ray Serve "
-                 f"application '{app_name}': {count}, {each}")
         config = server_config(args, names, ref_audio_urls, model_dir)
+        ready = with_random_weights_note(f"ready: serving {model_dir} as {quoted_names(names)} at {url} through Ray "
+                                         f"Serve application '{app_name}': {count}, {each}", config.random_weights)
         yield lambda: (tts, config, ready)
     finally:
         ray.shutdown()

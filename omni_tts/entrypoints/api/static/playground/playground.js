@@ -301,6 +301,7 @@ async function load() {
   }
   $("key-form").hidden = true;
   $("controls").hidden = false;
+  $("random-weights").hidden = !models.some((model) => model.random_weights);
   fillSelect($("model"), models.map((model) => model.id), $("model").value);
   fillForModel();
   document.body.dataset.loaded = "true";  // tests wait for this
