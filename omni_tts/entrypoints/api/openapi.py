@@ -3,10 +3,8 @@
 The speech request and voice upload schemas are derived from `SpeechRequest` and `VoiceUpload` (msgspec), so the
 document states exactly what the server decodes (types, ranges, lengths; unknown fields are allowed in a speech
 request, which ignores them, unless the server runs with --strict-fields); `model` is narrowed to the names the
-server answers to, which it enforces (404 otherwise). tests/entrypoints/test_openapi.py checks that
-every route of the app is documented, and tests/entrypoints/test_fuzz.py drives the server with inputs generated from
-this document. GET /docs renders it in the browser (static/docs.html, no outside host); GET / is the playground
-(playground.py).
+server answers to, which it enforces (404 otherwise). Every route is documented (a test checks), and a fuzzer drives
+the server from this document. GET /docs renders it (static/docs.html, no outside host); GET / is the playground.
 """
 from __future__ import annotations
 
@@ -89,6 +87,8 @@ _VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploa
 _VOICE_DELETED = {"type": "object", "required": ["id", "object", "deleted", "success", "name"], "properties": {
     "id": {"type": "string"}, "object": {"const": "audio.voice.deleted"}, "deleted": {"const": True},
     "success": {"const": True}, "name": {"type": "string"}, "message": {"type": "string"}}}
+_RANDOM_WEIGHTS = {"type": "boolean",
+                   "description": "true for the embedded tiny model (no --model): random weights, it speaks noise"}
 _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"},
     "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
@@ -103,12 +103,8 @@ _MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
                                                        "languages": {"type": "array", "items": {"type": "string"},
                                                                      "description": "the language values it "
                                                                                     "takes (auto: detect)"},
-                                                       "random_weights": {"type": "boolean",
-                                                                          "description": "true for the embedded tiny "
-                                                                                         "model (no --model): its "
-                                                                                         "weights are random, it "
-                                                                                         "speaks noise"}}}}}}
-_INT_SCHEMA = {"type": "integer"}
+                                                       "random_weights": _RANDOM_WEIGHTS}}}}}
+_INT = {"type": "integer"}
 _USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens", "input_token_details"],
           "properties": {**{name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")},
                          "input_token_details": {  # vllm-omni's split of input_tokens
@@ -128,18 +124,18 @@ _SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them
                    "data": {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": _SPEECH_EVENT_DATA}}}
 _BATCH_TOTALS = {"type": "object", "required": ["total", "succeeded", "failed"],
-                 "properties": {name: _INT_SCHEMA for name in ("total", "succeeded", "failed")}}
+                 "properties": {name: _INT for name in ("total", "succeeded", "failed")}}
 _BATCH_RESULT = {"oneOf": [  # api/speech_batch.py: vllm-omni's fields (status, audio_data, media_type) and ours
     {"type": "object", "required": ["index", "status", "status_code", "response_format", "media_type", "audio_data",
                                     "usage", "finish_reason", "audio_seconds"],
-     "properties": {"index": _INT_SCHEMA, "status": {"const": "success"}, "status_code": {"const": 200},
+     "properties": {"index": _INT, "status": {"const": "success"}, "status_code": {"const": 200},
                     "response_format": {"type": "string"}, "media_type": {"type": "string"},
                     "audio_data": {"type": "string", "contentEncoding": "base64"},
                     "usage": {"$ref": _SCHEMAS + "Usage"},
                     "finish_reason": {"type": "string"}, "audio_seconds": {"type": "number"},
                     "voice_ignored": {"type": "string"}, "ignored_fields": {"type": "string"}}},
     {"type": "object", "required": ["index", "status", "status_code", "error"],
-     "properties": {"index": _INT_SCHEMA, "status": {"const": "error"},
+     "properties": {"index": _INT, "status": {"const": "error"},
                     "status_code": {"type": "integer", "minimum": 400},
                     "error": _ERROR_RESPONSE["properties"]["error"]}}]}
 _BATCH_RESPONSE = {"type": "object", "required": ["id", "results", *_BATCH_TOTALS["required"], "summary"],
@@ -155,7 +151,6 @@ def _event(name: str, **properties: dict) -> dict:
             "properties": {"type": {"const": name}} | properties}
 
 
-_INT = {"type": "integer"}
 _SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (api/speech_stream.py)
     _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
            format={"type": "string"}, sample_rate=_INT, channels=_INT),
