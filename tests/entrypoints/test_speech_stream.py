@@ -253,6 +253,7 @@ BAD_MESSAGES = [
     ("not an object", None, "[1, 2]", "must be a JSON object"),
     ("unknown type", {}, {"type": "audio.please"}, "invalid 'type'"),
     ("text before config", None, {"type": "input.text", "text": "Hi"}, "first message must be session.config"),
+    ("text without text", {}, {"type": "input.text"}, "missing required field 'text'"),
     ("unknown field", {}, {"type": "input.text", "text": "Hi", "colour": "blue"}, "unknown field 'colour'"),
     ("oversize text", {}, {"type": "input.text", "text": "a" * (129 * 1024)}, "message too large"),
     ("oversize config", None, {"type": "session.config", "ref_text": "a" * (5 * 2**20)}, "message too large"),

@@ -133,7 +133,7 @@ class SessionConfig(SpeechOptions, tag="session.config", tag_field="type"):
 
 
 class InputText(msgspec.Struct, forbid_unknown_fields=True, tag="input.text", tag_field="type"):
-    text: str = ""
+    text: str
 
 
 class InputCommit(msgspec.Struct, forbid_unknown_fields=True, tag="input.commit", tag_field="type"):
