@@ -256,6 +256,27 @@ async def _voice_design(model_dir: str) -> None:
         assert all(s["reference_frames"] == codes.shape[0] for s in tail_segments)
 
 
+def test_a_websocket_utterance_keeps_its_pieces_and_joins_them_once():
+    """An utterance grown by `+=` per message copies all its text so far each time: quadratic in its length (up to
+    --max-input-chars, 200,000 characters by default). Pieces that refuse to be concatenated show the text is
+    joined once; the limit holds as before."""
+    from types import SimpleNamespace
+
+    from omni_tts.entrypoints.api.narrated_utterance import NarratedUtterance
+    from omni_tts.entrypoints.api.schema import ApiError
+
+    class Piece(str):
+        def __radd__(self, text: str) -> str:
+            raise AssertionError("the utterance's text grown by concatenation")
+
+    utterance = NarratedUtterance(SimpleNamespace(state=SimpleNamespace(config=SimpleNamespace(max_input_chars=30))))
+    for piece in ("One piece, ", "then another"):
+        asyncio.run(utterance.add(Piece(piece)))
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(utterance.add(Piece(" and one too many.")))
+    assert refused.value.param == "input" and "at most 30 characters" in refused.value.message
+
+
 def test_a_websocket_utterance_in_none_mode_is_narrated_as_over_http(server, narrated):
     """split_granularity none: the whole utterance at input.done, of any length; each segment is a "sentence" of the
     protocol whose audio.done says where it lies; the binary audio is the HTTP narration's."""

@@ -253,6 +253,7 @@ BAD_MESSAGES = [
     ("not an object", None, "[1, 2]", "must be a JSON object"),
     ("unknown type", {}, {"type": "audio.please"}, "invalid 'type'"),
     ("text before config", None, {"type": "input.text", "text": "Hi"}, "first message must be session.config"),
+    ("text without text", {}, {"type": "input.text"}, "missing required field 'text'"),
     ("unknown field", {}, {"type": "input.text", "text": "Hi", "colour": "blue"}, "unknown field 'colour'"),
     ("oversize text", {}, {"type": "input.text", "text": "a" * (129 * 1024)}, "message too large"),
     ("oversize config", None, {"type": "session.config", "ref_text": "a" * (5 * 2**20)}, "message too large"),
@@ -411,3 +412,31 @@ async def test_a_streamed_utterance_the_client_leaves_closes_its_encoder(in_proc
         assert unclosed_codec_containers() == []
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("granularity,in_flight", [("sentence", 1), ("none", 2)])   # none: the narration's window
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_client_close_mid_utterance_ends_it_at_once(in_process_app, granularity, in_flight):
+    """sentence and none speak a sentence (a narration) before they handle the next message; the client's close must
+    still end the utterance at once, as a dropped connection does. Watched between the server's steps: once the
+    client closes, no request of the utterance starts, the running ones leave the stages and the slot is freed."""
+    url, state = in_process_app
+    text = " ".join([RUNS_TO_ITS_LIMIT] * 24)   # sentences (segments) that each run to the model's length limit
+    async with aiohttp.ClientSession() as http:
+        session = await open_session(types.SimpleNamespace(url=url), http, voice="ryan", temperature=0,
+                                     stream_audio=True, split_granularity=granularity)
+        await session.send({"type": "input.text", "text": text})
+        await session.send({"type": "input.done"})
+        await session.audio_flowing()
+        await eventually_async(lambda: len(state.tts.requests) == in_flight, what="the utterance's requests running")
+        running = set(state.tts.requests)
+        assert state.admitted == 1
+        closing = asyncio.create_task(session.ws.close())   # answered by the server's close frame as it ends
+
+        def ended() -> bool:  # looked at on every turn of the loop
+            assert set(state.tts.requests) <= running, "a request started after the client's close"
+            return not (state.admitted or state.tts.requests)
+        await eventually_async(ended, what="the utterance ended and its slot freed", interval=0)
+        await closing
+        assert session.ws.close_code == 1000
+    assert all(not s.request_ids for s in (await state.tts.stats()).values())

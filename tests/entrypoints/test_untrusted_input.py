@@ -1,5 +1,7 @@
 """Untrusted input against the real server (issue 10, part 3): reference-audio URLs (SSRF), decompression bombs,
-malformed voice uploads, disk use of replaced voices, the store quota, the API key. Loopback only."""
+malformed voice uploads, disk use of replaced voices, the store quota, the API key, control characters in names.
+Loopback only."""
+import asyncio
 import base64
 import http.client
 import json
@@ -13,9 +15,11 @@ import pytest
 from audio_util import flac_claiming
 from conftest import FIXTURES
 from omni_tts.audio.ref_audio import URL_FAILED
+from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.entrypoints.cli import main
 from omni_tts.voices.store import MAX_REF_TEXT_CHARS
-from server_util import ServerProcess, free_port, request
+from server_util import ServerProcess, free_port, request, ws_utterance
 from waiting import eventually
 
 MODEL = "qwen3-tts"
@@ -363,3 +367,45 @@ def test_serve_flags_are_checked_before_anything_starts(capsys):
     assert main(["serve", "--allowed-origins", "https://app.example/path"]) == 2
     assert "--allowed-origins takes origins such as" in capsys.readouterr().err
     assert main(["serve", "--voices-quota-mb", "0"]) == 2
+
+
+# --- control characters in names ---------------------------------------------------------------------------------
+CONTROL_NAMES = ["new\nline", "nul\0byte", "escape\x1b[31m"]
+
+
+@pytest.mark.parametrize("voice", CONTROL_NAMES, ids=["newline", "NUL", "ESC"])
+def test_a_voice_with_a_control_character_is_a_400_before_any_work(base_server, voice):
+    """Beside ref_audio a Base model ignores a voice that is no uploaded one and names it in a response header, which
+    cannot hold a control character (it was a 500 with a traceback, after the audio was made): refused on every
+    route, before admission, whatever the model would do with the name."""
+    options = {k: v for k, v in SPEECH.items() if k != "input"} | {"ref_audio": str(FIXTURES / "ref_voice.wav")}
+    made, logged = _audio_seconds(base_server), len(base_server.output())
+    assert_error(speak(base_server, voice=voice, ref_audio=options["ref_audio"]), 400,
+                 "voice must not contain control characters", "voice")
+    status, _, body = request(base_server.url + "/v1/audio/speech/batch",
+                              dict(options, items=[{"input": "Hi.", "voice": voice}]))
+    result = json.loads(body)["results"][0]
+    assert status == 200 and (result["status"], result["error"]["param"]) == (400, "voice"), result
+    _, events = asyncio.run(ws_utterance(base_server.url, [dict(options, type="session.config", voice=voice),
+                                                           {"type": "input.text", "text": "Hi."},
+                                                           {"type": "input.done"}]))
+    assert events == [{"type": "error", "message": "voice must not contain control characters"}]
+    assert _audio_seconds(base_server) == made   # nothing was spoken
+    assert "Traceback" not in base_server.output()[logged:]
+
+
+@pytest.mark.parametrize("model_type,speakers", [("custom_voice", ["ryan"]), ("voice_design", []), ("base", [])])
+def test_every_model_kind_refuses_a_control_character_in_a_voice(model_type, speakers):
+    """The one place a voice is decided (names.VoiceNames.choose), for the kinds of checkpoint the shared servers do
+    not serve too: a VoiceDesign model ignores every voice, and would echo this one."""
+    for voice in CONTROL_NAMES:
+        with pytest.raises(ApiError) as refused:
+            VoiceNames(model_type, speakers).choose(voice, "ref_audio" if model_type == "base" else None,
+                                                    lambda name: False)
+        assert (refused.value.status, refused.value.param) == (400, "voice")
+
+
+def _audio_seconds(server) -> float:
+    text = request(server.url + "/metrics")[2].decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("omni_tts_audio_seconds_total"))

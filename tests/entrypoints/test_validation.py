@@ -1,8 +1,13 @@
 """Bounds at the door, against the real server on loopback: every engine limit and numeric range is a 400 naming
-the field before anything runs, oversized or slow bodies are 413 / 408, bad bytes are 400, and /metrics counts
-every outcome and survives concurrent scrapes."""
+the field before anything runs, oversized or slow bodies are 413 / 408, bad bytes (deep nesting, NaN) are 400
+without a traceback or a held event loop, and /metrics counts every outcome and survives concurrent scrapes."""
+import asyncio
+import http.client
 import json
 import socket
+import time
+
+import aiohttp
 
 import pytest
 
@@ -109,6 +114,62 @@ def test_infinite_float_is_400(server):
 def test_undecodable_bodies_are_400(server, data, message):
     status, _, answer = speech(server, data=data)
     assert status == 400 and message in error_of(answer)["message"]
+
+
+NESTED = "[" * 1000 + "]" * 1000   # 2 KB
+
+
+def test_a_deeply_nested_body_is_a_400_on_every_route(server):
+    """msgspec reads nested arrays on the thread's stack: 1,000 deep was a RecursionError, a 500 with a traceback on
+    both HTTP routes, and "internal error" on the WebSocket."""
+    logged = len(server.output())
+    body = json.dumps(OK)[:-1] + f', "instructions": {NESTED}}}'
+    for route in ("/v1/audio/speech", "/v1/audio/speech/batch"):
+        status, _, answer = speech(server, data=body.encode()) if route.endswith("speech") else request(
+            server.url + route, data=body.encode(), headers={"Content-Type": "application/json"})
+        assert status == 400 and "nested too deeply" in error_of(answer)["message"], (route, status, answer[:300])
+
+    async def session_config() -> dict:
+        async with aiohttp.ClientSession() as http, http.ws_connect(server.url + "/v1/audio/speech/stream") as ws:
+            await ws.send_str(f'{{"type": "session.config", "voice": {NESTED}}}')
+            return await ws.receive_json(timeout=30)
+    assert asyncio.run(session_config()) == {
+        "type": "error", "message": "the message is nested too deeply (arrays and objects within each other)"}
+    assert "Traceback" not in server.output()[logged:]
+
+
+def test_large_bodies_with_nan_are_refused_without_holding_the_event_loop(cv_server):
+    """A body that is not JSON is refused by what msgspec read, NaN or Infinity named by its field, never parsed
+    again by Python's json on the event loop: that held the loop ~2 s per 32 MB body, /health waiting 4.9 s beside
+    four. A held loop shows only in time: four bodies of 30 MB of floats ending in NaN, arriving whole together, and
+    /health asked at once must not wait as long as twice the time this process takes to parse one of them with
+    Python's json (what the loop did for each: it waited more than four times that)."""
+    hostile = (json.dumps(OK)[:-1] + ', "speaker_embedding": [' + "0.12345678901234567, " * 1_450_000
+               + "NaN]}").encode()
+    started = time.perf_counter()
+    json.loads(hostile)   # Python's reader takes NaN
+    parse = time.perf_counter() - started
+    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(hostile)}\r\n\r\n").encode()
+    senders = [socket.create_connection(("127.0.0.1", cv_server.port), timeout=120) for _ in range(4)]
+    try:
+        for sender in senders:
+            sender.sendall(head + hostile[:-1])
+        for sender in senders:   # every body complete at once: the server refuses all four together
+            sender.sendall(hostile[-1:])
+        waits = []
+        for _ in range(10):
+            asked = time.perf_counter()
+            assert request(cv_server.url + "/health")[0] == 200
+            waits.append(time.perf_counter() - asked)
+        for sender in senders:
+            answer = http.client.HTTPResponse(sender)
+            answer.begin()
+            assert answer.status == 400 and error_of(answer.read())["param"] == "speaker_embedding"
+    finally:
+        for sender in senders:
+            sender.close()
+    assert max(waits) < 2 * parse, (waits, parse)
 
 
 def test_names_are_bounded(server):

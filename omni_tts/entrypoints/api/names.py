@@ -4,6 +4,8 @@ Models: a request's `model` must be one of the served names (`--served-model-nam
 the primary) or, unless `--no-openai-aliases`, one of OpenAI's TTS model names, which OpenAI clients send.
 
 Voices (`VoiceNames.choose`):
+- Any model: a name with a control character (newline, NUL, ESC, ...) is a 400, whatever the model does with it: a
+  name may be echoed in a response header, and a header cannot hold one.
 - CustomVoice: a checkpoint speaker (any case), else an OpenAI voice name mapped by `openai_voice_map`; no voice →
   `--default-voice`, else the checkpoint's first speaker (vllm-omni has a default speaker too).
 - VoiceDesign: the voice comes from `instructions`; a `voice` (the `openai` SDK always sends one) is ignored and
@@ -15,6 +17,7 @@ Voices (`VoiceNames.choose`):
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -99,6 +102,8 @@ class VoiceNames:
     def choose(self, voice: str | None, reference: str | None, is_uploaded: Callable[[str], bool]) -> VoiceChoice:
         """The request's voice (`voice`: stripped, None when absent; `reference`: the field that gives a Base voice
         whole, ref_audio or speaker_embedding, if one does), or ApiError 400 naming the field."""
+        if voice is not None and any(unicodedata.category(c) == "Cc" for c in voice):
+            raise ApiError(400, "voice must not contain control characters", "voice")
         if self.model_type == "custom_voice":
             if voice is None:
                 if self.default is None:  # a CustomVoice checkpoint without speakers

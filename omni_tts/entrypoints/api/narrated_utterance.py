@@ -32,20 +32,23 @@ class Session(Protocol):
 class NarratedUtterance:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.text = ""
+        self.pieces: list[str] = []   # joined once, at input.done: a string grown per message is quadratic
+        self.num_chars = 0
 
     async def add(self, text: str) -> None:
-        self.text += text
+        self.num_chars += len(text)
         limit = self.session.state.config.max_input_chars
-        if len(self.text) > limit:
+        if self.num_chars > limit:
             raise ApiError(400, f"an utterance may have at most {limit} characters (--max-input-chars)", "input")
+        self.pieces.append(text)
 
     async def finish(self) -> int:
         """Speak the utterance; the number of segments sent."""
         session, state, arrived = self.session, self.session.state, time.monotonic()
-        if not self.text.strip():
+        text = "".join(self.pieces)
+        if not text.strip():
             return 0
-        segments = await narration_plan(state, session.config, self.text)
+        segments = await narration_plan(state, session.config, text)
         sent = 0
         with Admission(state) as admission:
             async with open_narration(state, session.config, session.template, session.voice_version, segments,

@@ -7,7 +7,8 @@ channels}, the audio (the whole file per request, or with stream_audio its piece
 frames, or in audio.chunk events with `audio_frames` json (the default for word_timestamps over streamed pcm, as
 vllm-omni sends it: audio_frames.py), `audio.done` {utterance_index, sentence_index, total_bytes, error: false},
 `session.done` {utterance_index, total_sentences}, and `error` {message}, after which the server closes the
-connection and the session's requests end in the stages. session.config takes `speaker` for `voice` and ignores (and
+connection and the session's requests end in the stages. A client's close ends them at once too, in every mode
+(messages are read as they come: client_messages.py). session.config takes `speaker` for `voice` and ignores (and
 logs) fields it does not know, as an HTTP request does.
 
 vllm-omni's token-level protocol maps onto token mode: `streaming_mode` `token_level` is token mode as it is;
@@ -52,6 +53,7 @@ from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 from .admission import Admission
 from .audio_frames import AudioFrames
 from .auth import WS_PROTOCOL
+from .client_messages import ClientMessages
 from .errors import REQUEST_ERRORS, api_error
 from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
@@ -76,8 +78,9 @@ class SessionError(Exception):
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     # beyond max_msg_size aiohttp closes with 1009; WS_PROTOCOL is answered to a browser that sent its key as a
-    # subprotocol (auth.presented_api_key)
-    ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES, protocols=(WS_PROTOCOL,))
+    # subprotocol (auth.presented_api_key); a client's close is answered by the session as it ends (_close), not by
+    # the reading task while the session may still be writing
+    ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES, protocols=(WS_PROTOCOL,), autoclose=False)
     await ws.prepare(request)
     await SpeechSession(request.app[STATE], ws).run()
     return ws
@@ -98,8 +101,10 @@ class SpeechSession:
         self.num_configs = 0
         self.failed = False
         self.timestamps: TrailingTimestamps | None = None   # word_timestamps: the trailing audio.chunk events
+        self.messages = ClientMessages(ws, ending=lambda: self.failed)
 
     async def run(self) -> None:
+        self.messages.start()   # a client's close cancels this task at once, whatever it is doing
         try:
             while (message := await self._receive()) is not None:
                 if isinstance(message, SessionClose):
@@ -109,6 +114,11 @@ class SpeechSession:
             await self.fail(str(e))
         except REQUEST_ERRORS as e:
             await self.fail(api_error(e).message)
+        except asyncio.CancelledError:
+            if not self.messages.closed_by_client():
+                raise
+        except ConnectionError:
+            pass  # the connection closed while the session wrote to it: there is no one to tell
         except Exception:
             logger.exception("speech stream session failed")
             await self.fail("internal error; see the server log")
@@ -122,6 +132,7 @@ class SpeechSession:
             await self.utterance.close()
         if self.timestamps is not None:
             await self.timestamps.close()
+        await self.messages.stop()
         await self.ws.close()
 
     async def fail(self, message: str) -> None:
@@ -131,18 +142,20 @@ class SpeechSession:
         self.failed = True
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self.ws.send_json({"type": "error", "message": message})
+        await self.messages.stop()
         await self.ws.close()
+        self.messages.end()   # the session's loop may be waiting for a message (an utterance's task failed)
 
     async def _receive(self) -> ClientMessage | None:
         """The next message, None once the connection is closing."""
         idle = self.state.config.stream_idle_timeout
         timeout = min(CONFIG_TIMEOUT, idle) if self.config is None else idle
         try:
-            message = await self.ws.receive(timeout)
+            message = await self.messages.next(timeout)
         except asyncio.TimeoutError:
             raise SessionError(f"no session.config within {timeout:g} s" if self.config is None
                                else f"no message for {timeout:g} s") from None
-        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+        if message is None or self.failed:
             return None
         if message.type != WSMsgType.TEXT:
             raise SessionError("messages must be JSON text")

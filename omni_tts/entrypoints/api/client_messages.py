@@ -1,0 +1,84 @@
+"""WS /v1/audio/speech/stream: the client's messages, read as they arrive rather than when the session asks for the
+next, so that a close is seen while the session is busy (a sentence or a narration is spoken before the next message
+is handled) and not only once the whole utterance was spoken.
+
+At most MAX_BYTES_AHEAD of messages are held ahead of the session; beyond, the reading waits and the socket holds the
+client back, as before. A close (the client's close frame, or the connection lost) cancels what the session is doing
+at once: its requests end and its slot is freed as it unwinds, as when aiohttp cancels a handler whose connection
+dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from aiohttp import WSMessage, WSMsgType, web
+
+MAX_BYTES_AHEAD = 2**20
+MESSAGE_OVERHEAD = 256   # what a held message costs beside its data: a text of one token is a few bytes
+CLOSE_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
+
+
+class ClientMessages:
+    """The reading of one connection, a task of its own from `start` (in the session's task) to `stop` (before the
+    session closes the connection)."""
+
+    def __init__(self, ws: web.WebSocketResponse, ending: Callable[[], bool]) -> None:
+        """ending: whether the session is closing the connection itself (a close it caused cancels nothing)."""
+        self.ws, self.ending = ws, ending
+        self.held: asyncio.Queue[WSMessage | None] = asyncio.Queue()   # None: the connection is closing
+        self.held_bytes = 0
+        self.room = asyncio.Event()
+        self.session: asyncio.Task | None = None
+        self.reader: asyncio.Task | None = None
+        self.cancelled_session = False
+
+    def start(self) -> None:
+        self.session = asyncio.current_task()
+        self.reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        """Reading stops. Called before the session closes the connection: aiohttp's close then completes the
+        handshake, reading what the client still sends up to its close frame, where a close during a read would
+        drop the connection at once, and data left unread would reset it (the client losing the events sent last,
+        an error's among them)."""
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+
+    def end(self) -> None:
+        """The session closed the connection: `next` answers None."""
+        self.held.put_nowait(None)
+
+    def closed_by_client(self) -> bool:
+        """In the session, on a CancelledError: whether the client's close alone caused it (the session then ends
+        as if it had read the close); False when aiohttp cancelled the handler too."""
+        return self.cancelled_session and self.session.uncancel() == 0
+
+    async def next(self, timeout: float) -> WSMessage | None:
+        """The next message, None once the connection is closing; TimeoutError after `timeout` s without one."""
+        message = await asyncio.wait_for(self.held.get(), timeout)
+        if message is None:
+            self.held.put_nowait(None)   # for a later call too
+            return None
+        self.held_bytes -= _cost(message)
+        self.room.set()
+        return message
+
+    async def _read(self) -> None:
+        while True:
+            while self.held_bytes >= MAX_BYTES_AHEAD:
+                self.room.clear()
+                await self.room.wait()
+            message = await self.ws.receive()
+            if message.type in CLOSE_TYPES:
+                self.held.put_nowait(None)
+                if not self.ending():
+                    self.cancelled_session = True
+                    self.session.cancel()
+                return
+            self.held_bytes += _cost(message)
+            self.held.put_nowait(message)
+
+
+def _cost(message: WSMessage) -> int:
+    return len(message.data) + MESSAGE_OVERHEAD
