@@ -385,7 +385,7 @@ def test_a_voice_with_a_control_character_is_a_400_before_any_work(base_server, 
     status, _, body = request(base_server.url + "/v1/audio/speech/batch",
                               dict(options, items=[{"input": "Hi.", "voice": voice}]))
     result = json.loads(body)["results"][0]
-    assert status == 200 and (result["status"], result["error"]["param"]) == (400, "voice"), result
+    assert status == 200 and (result["status_code"], result["error"]["param"]) == (400, "voice"), result
     _, events = asyncio.run(ws_utterance(base_server.url, [dict(options, type="session.config", voice=voice),
                                                            {"type": "input.text", "text": "Hi."},
                                                            {"type": "input.done"}]))

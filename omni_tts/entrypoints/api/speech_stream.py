@@ -1,34 +1,13 @@
-"""WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol.
+"""WS /v1/audio/speech/stream: text that streams in, in vllm-omni's protocol (the messages and limits: README,
+"Text that streams in").
 
-Client → server (JSON text messages): `session.config` (first; again between utterances), `input.text` {text},
-`input.commit` {commit_id?}, `input.done` (ends the utterance; the connection stays open for the next), `session.close`.
-Server → client: `audio.start` {utterance_index, sentence_index, sentence_text, format; for pcm also sample_rate and
-channels}, the audio (the whole file per request, or with stream_audio its pieces as they are made) in binary
-frames, or in audio.chunk events with `audio_frames` json (the default for word_timestamps over streamed pcm, as
-vllm-omni sends it: audio_frames.py), `audio.done` {utterance_index, sentence_index, total_bytes, error: false},
-`session.done` {utterance_index, total_sentences}, and `error` {message}, after which the server closes the
-connection and the session's requests end in the stages. A client's close ends them at once too, in every mode
-(messages are read as they come: client_messages.py). session.config takes `speaker` for `voice` and ignores (and
-logs) fields it does not know, as an HTTP request does.
-
-vllm-omni's token-level protocol maps onto token mode: `streaming_mode` `token_level` is token mode as it is;
-`sentence_commit` keeps the text of `input.text` until an `input.commit`, which adds it to the utterance's one
-request and is answered `input.committed` {utterance_index, commit_index, text, and vllm-omni's commit_id (the
-commit's own, echoed), sentence_index (= commit_index) and chars_committed} (in the other modes the text has joined
-already, and the commit is only answered); `input.done` adds what was not committed and ends the utterance.
-
-split_granularity `token` (the default) makes each utterance one request whose text grows while it runs
-(the pipeline's `open_text_stream`): its audio equals the whole text's in the streaming layout and starts after its
-first words; `audio.start` then carries the text received so far. `sentence` and `clause` make a request of each
-sentence or clause, one after another (orchestrator/text_splitter.py); `none` narrates the whole utterance at
-input.done, of any length up to --max-input-chars (narrated_utterance.py: each segment a "sentence",
-`start_segment` resumes it). Each request is admitted like an HTTP one (--max-queue), with the same validation (the
-config is a SpeechOptions); a session.config whose voice needs work (ref_audio to fetch or decode, an uploaded voice
-to load) takes a slot too while it is done.
-Limits: session.config within 10 s of the connection (or --stream-idle-timeout, if shorter) and at most `MAX_CONFIGS` times per connection, no message
-more than --stream-idle-timeout seconds apart, session.config at most 4 MiB (it may carry ref_audio), other
-messages at most 128 KiB, and the text of one request at most 4096 characters. With --api-key, a browser (which
-cannot set headers on a WebSocket) may send the key as a subprotocol instead (auth.presented_api_key).
+A `Session` reads the client's messages as they come (client_messages.py: a close ends the session's requests at
+once), takes each `session.config` as a SpeechOptions (validated and admitted as an HTTP request is), and speaks each
+utterance by its split_granularity: `token` (the default) as one request whose text grows while it runs (the
+pipeline's `open_text_stream`: its audio equals the whole text's), `sentence` and `clause` as a request per piece in
+turn (orchestrator/text_splitter.py), `none` as a narration at input.done (narrated_utterance.py). vllm-omni's
+`streaming_mode` maps onto token mode (`sentence_commit` holds text until `input.commit`). A request's audio goes out
+as binary frames or as `audio.chunk` events (audio_frames.py).
 """
 from __future__ import annotations
 
