@@ -43,7 +43,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         middlewares.append(api_key_middleware(config.api_key))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[TTS], app[CONFIG] = tts, config
-    # refuses a --default-voice the checkpoint lacks before any stage starts
+    # a --default-voice the checkpoint lacks raises ValueError (`omni-tts serve` refuses it before its stages start)
     voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
 
     async def shared_state(app: web.Application):

@@ -78,10 +78,10 @@ class _Server:
             tts, config, ready = starting.result()
             from .access_log import ACCESS_LOG, AccessLogger
             from .app import build_app
-            app = build_app(tts, config)
-            runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=self.keepalive_timeout,
-                                   shutdown_timeout=END_GRACE, access_log_class=AccessLogger, access_log=ACCESS_LOG)
             try:
+                runner = web.AppRunner(build_app(tts, config), handler_cancellation=True,
+                                       keepalive_timeout=self.keepalive_timeout, shutdown_timeout=END_GRACE,
+                                       access_log_class=AccessLogger, access_log=ACCESS_LOG)
                 await runner.setup()
             except BaseException:
                 await tts.shutdown()
