@@ -13,6 +13,7 @@ import multiprocessing
 import signal
 import time
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from typing import Awaitable, Callable
 
 from omni_tts.config import stage_environment
@@ -32,6 +33,9 @@ def spawn(target: Callable[..., None], args: tuple, name: str, stage: str) -> mu
     process group: blocked from the fork on (the mask outlives exec), a stage never sees it while it imports torch,
     before it ignores it itself (here it is delivered once restored)."""
     process = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=True)
+    # a spawn starts Python's resource tracker first if it is not running, and unblocks SIGINT once it has: started
+    # here, before the block
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with stage_environment(stage):
