@@ -6,7 +6,10 @@ Who does what
   :func:`cleanup_stale_blocks` and :meth:`RingOwner.create` once at start-up, passes
   ``owner.spec`` (a msgspec :class:`RingSpec`) to the two stage processes, and calls
   :meth:`RingOwner.close` on shutdown. Only the owner ever creates or unlinks the block;
-  nothing is created or unlinked per chunk.
+  nothing is created or unlinked per chunk. No process registers the block with Python's
+  resource tracker: a killed owner's block is removed by its stages, which see their parent
+  gone (``stages/common.py``), and by the next owner's :func:`cleanup_stale_blocks`; a
+  tracker would only race them and warn of a "leaked" block at the owner's death.
 * The **writer** (talker process) runs :class:`ChunkWriter`: ``put`` only enqueues; a save
   thread copies each chunk into a free slot and sends the slot index over pyzmq.
 * The **reader** (code2wav process) runs :class:`ChunkReader`: a recv thread turns slot
@@ -42,10 +45,9 @@ import shutil
 import struct
 import tempfile
 import threading
-from multiprocessing import resource_tracker, shared_memory
 from typing import Callable
 
-import _posixshmem  # the POSIX shm_open behind multiprocessing.shared_memory; lets us attach untracked
+import _posixshmem  # the POSIX shm_open behind multiprocessing.shared_memory, without its resource tracker
 import msgspec
 import numpy as np
 import zmq
@@ -96,7 +98,13 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, belongs to another user
-    return True
+    try:  # a zombie (killed, not yet reaped by its parent) answers kill(pid, 0) but owns nothing any more
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def cleanup_stale_blocks(shm_dir: str = SHM_DIR, ipc_root: str | None = None) -> list[str]:
@@ -138,10 +146,9 @@ def cleanup_stale_blocks(shm_dir: str = SHM_DIR, ipc_root: str | None = None) ->
 class RingOwner:
     """Creates one ring (block + ipc dir) at start-up and unlinks it on shutdown."""
 
-    def __init__(self, spec: RingSpec, shm: shared_memory.SharedMemory, ipc_dir: str) -> None:
+    def __init__(self, spec: RingSpec, ipc_dir: str) -> None:
         self.spec = spec
-        self._shm: shared_memory.SharedMemory | None = shm
-        self._ipc_dir = ipc_dir
+        self._ipc_dir: str | None = ipc_dir   # None once closed
 
     @classmethod
     def create(cls, num_slots: int, max_frames: int, num_codebooks: int = 16, edge: str = "ring") -> RingOwner:
@@ -160,27 +167,31 @@ class RingOwner:
             shutil.rmtree(ipc_dir, ignore_errors=True)
             raise ValueError(f"ipc path too long for a unix socket ({ipc_dir}); set a shorter TMPDIR")
         try:
-            # The owner keeps the resource-tracker registration on purpose: if the owner is
-            # killed, its tracker still unlinks the block (cleanup_stale_blocks is the
-            # second net, for when the tracker dies too).
-            shm = shared_memory.SharedMemory(name=spec.name, create=True, size=spec.total_bytes)
+            # the owner never maps the slots: the block is made at its size and closed
+            fd = _posixshmem.shm_open("/" + spec.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            try:
+                os.ftruncate(fd, spec.total_bytes)
+            except BaseException:
+                _posixshmem.shm_unlink("/" + spec.name)
+                raise
+            finally:
+                os.close(fd)
         except BaseException:
             shutil.rmtree(ipc_dir, ignore_errors=True)
             raise
-        shm.close()  # the owner never touches slots; unlink needs only the name
-        return cls(spec, shm, ipc_dir)
+        return cls(spec, ipc_dir)
 
     def close(self) -> None:
         """Unlink the block and remove the ipc dir; safe to call twice. Stages may still
         have it mapped: the memory lives until their last mapping goes away."""
-        shm, self._shm = self._shm, None
-        if shm is None:
+        ipc_dir, self._ipc_dir = self._ipc_dir, None
+        if ipc_dir is None:
             return
         try:
-            shm.unlink()
-        except FileNotFoundError:  # removed behind our back; still drop the tracker entry
-            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            _posixshmem.shm_unlink("/" + self.spec.name)
+        except FileNotFoundError:  # removed behind our back (by a stale-block cleanup)
+            pass
+        shutil.rmtree(ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> RingOwner:
         return self
@@ -198,7 +209,8 @@ class _Ring:
     Attaching goes through ``_posixshmem.shm_open`` + ``mmap`` instead of
     ``SharedMemory(name)``: on Python 3.11/3.12 the latter registers the block with the
     attaching process's resource tracker, which unlinks it (and warns) when that process
-    exits, taking the ring away from the owner and the other stage.
+    exits, taking the ring away from the owner and the other stage (the owner does not
+    register it either: see the module's docstring).
     """
 
     def __init__(self, spec: RingSpec, writable_payload: bool) -> None:

@@ -7,8 +7,9 @@ stops stops the narration. Each segment is a request of its own: its token limit
 end token is cut at its budget, its finish reason kept, and the narration goes on); one that fails (a stage that
 died, an internal failure) is tried once more: with another seed if none of its audio was delivered, else with
 the same seed from where the listener is (`_Run`); a second failure ends the narration (the caller resumes it with
-`start_segment`). Bad input (a RequestError, found before the stages or inside them) is never tried again: it ends
-the narration at once.
+`start_segment`). Bad input (a RequestError, found before the stages or inside them) is never tried again, nor is a
+segment the engine's shutdown failed (`EngineShutDown`: nothing would serve a retry): either ends the narration at
+once.
 
 One voice throughout: a CustomVoice speaker or a Base clone prompt is the same in every request. A VoiceDesign
 voice is designed once, by segment 0, and every later segment is an ICL clone of it (segment 0's own codes and
@@ -40,7 +41,7 @@ from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
 from .tts_client import TTSClient
 from .segmenter import Segment, segment_text
-from .types import RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
+from .types import EngineShutDown, RequestFailed, SegmentEnd, SegmentStart, SpeechChunk, StageDeadError, Usage
 
 RETRY_SEED_STEP = 1_000_003   # another seed for a segment's second try: far from the next segments' own seeds
 RESTART_WAIT_S = 60.0         # a segment's retry after a stage failure waits this long for the pipeline to be back
@@ -153,7 +154,7 @@ class _Run:
                     await stream.aclose()
                 return
             except RETRIED as error:
-                if self.attempts > 1 or not narration.retry:
+                if self.attempts > 1 or not narration.retry or isinstance(error, EngineShutDown):
                     self._end(error)
                     return
                 while not self.queue.empty():   # what the consumer has not taken comes again from the retry

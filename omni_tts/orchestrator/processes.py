@@ -13,6 +13,7 @@ import multiprocessing
 import signal
 import time
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from typing import Awaitable, Callable
 
 from omni_tts.config import stage_environment
@@ -36,6 +37,9 @@ def spawn(target: Callable[..., None], args: tuple, name: str, stage: str) -> mu
     entry = f"{target.__module__}:{target.__qualname__}"
     process = multiprocessing.get_context("spawn").Process(
         target=bootstrap.run, args=(stage_environment(stage), entry, *args), name=name, daemon=True)
+    # a spawn starts Python's resource tracker first if it is not running, and unblocks SIGINT once it has: started
+    # here, before the block
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         process.start()

@@ -23,7 +23,7 @@ from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice,
                                       VoiceEmbedding)
 
 from .supervisor import StageSupervisor
-from .types import RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage, stage_error
+from .types import EngineShutDown, RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage, stage_error
 
 
 @dataclass
@@ -62,7 +62,7 @@ class StageClient:
 
     async def shutdown(self) -> None:
         # what is in flight fails first: its consumers end at once rather than after the stages have stopped
-        self.fail_all(StageDeadError("the engine is shutting down"))
+        self.fail_all(EngineShutDown("the engine is shutting down"))
         await self.supervisor.shutdown()
 
     # --- requests -------------------------------------------------------------------------------------------

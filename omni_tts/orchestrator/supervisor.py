@@ -35,7 +35,7 @@ from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.messages import AlignerLaunch, Heartbeat, Shutdown, StageLaunch
 
 from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
-from .types import StageDeadError
+from .types import EngineShutDown, StageDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class StageSupervisor:
     def check_alive(self) -> None:
         """StageDeadError unless the pipeline serves now."""
         if self.closed:
-            raise StageDeadError("the engine is shut down")
+            raise EngineShutDown("the engine is shut down")
         if self.fatal is not None:
             raise StageDeadError(f"the pipeline failed for good: {self.fatal}")
         if self.down is not None:
@@ -114,6 +114,8 @@ class StageSupervisor:
 
     async def send(self, stage: str, frame: bytes, epoch: int) -> None:
         """Send a command to a stage of pipeline `epoch`; StageDeadError once that pipeline is gone."""
+        if self.closed:
+            raise EngineShutDown("the engine is shut down")
         if epoch != self.epoch:
             raise StageDeadError(f"stage {self.down or 'pipeline'} is restarting")
         try:

@@ -11,12 +11,16 @@ import numpy as np
 from omni_tts.models.qwen3_tts.prompt import RequestError
 from omni_tts.stages.messages import FailureKind, RequestFailure
 
-__all__ = ["PIPELINE_ERRORS", "PipelineError", "RequestError", "RequestFailed", "RequestTimedOut", "SegmentEnd",
-           "SegmentStart", "SpeechChunk", "StageDeadError", "Usage", "stage_error"]
+__all__ = ["PIPELINE_ERRORS", "EngineShutDown", "PipelineError", "RequestError", "RequestFailed", "RequestTimedOut",
+           "SegmentEnd", "SegmentStart", "SpeechChunk", "StageDeadError", "Usage", "stage_error"]
 
 
 class StageDeadError(RuntimeError):
     """A stage failed (or the pipeline is restarting / shut down): in-flight requests fail with this."""
+
+
+class EngineShutDown(StageDeadError):
+    """The engine is shutting down (or shut down): nothing will serve the request again, so no caller retries it."""
 
 
 class RequestFailed(RuntimeError):

@@ -1,10 +1,13 @@
 """A clean start and a clean stop (issue 23), on a real server process: /health answers 503 while the model loads;
 the first Ctrl+C drains (one line naming the streams it waits for, new requests refused 503, the streams finish,
-exit 0); a second one ends them at once (each client's stream ends, no traceback, nothing left in /dev/shm, exit
-130); Ctrl+C while loading is one line and exit 130; the CLI's usage and model errors are one line; GET on
-the speech route is 405. Streams are held in flight by state: a WebSocket token-mode
-utterance whose text has not ended cannot finish until its client sends the rest."""
+exit 0); a second one ends them at once (each client's stream ends as promised, narrated ones too: no traceback,
+nothing left in /dev/shm, exit 130); every request, WebSocket session and utterance has its access-log line, a
+request the stop cut too; Ctrl+C while loading is one line and exit 130; the CLI's usage and model errors are one
+line; GET on the speech route is 405. Streams are held in flight by state: a WebSocket token-mode utterance whose
+text has not ended cannot finish until its client sends the rest, a request whose body has not all arrived cannot
+start, and a narration of many segments that each run to the model's length limit lasts minutes."""
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -26,6 +29,16 @@ GREEDY = {"temperature": 0, "max_new_tokens": 4096}
 HELD_TEXT = "A sentence that waits for the rest of"
 DRAIN = re.compile(r"shutting down: finishing (\d+) streams? \(Ctrl-C again to stop now\)")
 STOPPING = "the server is shutting down; retry shortly"
+ENGINE_STOPPING = "the engine is shut"   # shutting down (or shut down, for a segment that starts after)
+NUM_HELD = 3   # WebSocket utterances held in flight at a second Ctrl+C
+# a narration of 100 segments, each running to the model's length limit (seconds of serving each)
+NARRATED = "\n\n".join([RUNS_TO_ITS_LIMIT] * 100)
+# access-log lines (omni_tts.access): an HTTP request's; a WebSocket session's at its end and each of its utterances'
+ACCESS = re.compile(r' INFO omni_tts\.access: (\w+) \S+ "(\w+) (\S+)" (\S+) [\d.]+s(.*)$', re.M)
+SESSION = re.compile(r' INFO omni_tts\.access: (\w+) \S+ "GET /v1/audio/speech/stream" 101 [\d.]+s '
+                     r'utterances=(\d+) outcome=(\S+)$', re.M)
+UTTERANCE = re.compile(r' INFO omni_tts\.access: (\w+)#(\d+) \S+ "GET /v1/audio/speech/stream" (\S+) [\d.]+s '
+                       r'audio=(\S+) ttfp=(\S+)$', re.M)
 
 
 def ctrl_c(server: ServerProcess) -> None:
@@ -112,16 +125,65 @@ async def http_stream(http: aiohttp.ClientSession, url: str, started: asyncio.Ev
         return body + await response.content.read()
 
 
+async def narrated_sse(http: aiohttp.ClientSession, url: str, started: asyncio.Event) -> list[dict]:
+    """The events of an SSE narration of NARRATED until the server ends the stream; `started` at its first."""
+    payload = {"model": MODEL, "input": NARRATED, "voice": "ryan", "response_format": "pcm", "stream_format": "sse",
+               **GREEDY}
+    events, pending = [], b""
+    async with http.post(url + "/v1/audio/speech", json=payload) as response:
+        assert response.status == 200
+        async for data in response.content.iter_any():   # an audio delta's line outgrows readline's limit
+            *whole, pending = (pending + data).split(b"\n\n")
+            events += [json.loads(event.split(b"\ndata: ", 1)[1]) for event in whole]
+            if events:
+                started.set()
+    return events
+
+
+async def narrated_whole(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
+    """The status and JSON body of a request for the whole file of NARRATED."""
+    payload = {"model": MODEL, "input": NARRATED, "voice": "ryan", "response_format": "pcm", **GREEDY}
+    async with http.post(url + "/v1/audio/speech", json=payload) as response:
+        return response.status, await response.json()
+
+
+async def segments_started(url: str) -> float:
+    """omni_tts_narration_segments_total{event="started"} of the server at `url`."""
+    status, _, body = await asyncio.get_running_loop().run_in_executor(None, request, url + "/metrics")
+    match = re.search(r'^omni_tts_narration_segments_total\{event="started"\} (\S+)$', body.decode(), re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+async def held_body(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A speech request whose body has not all arrived: its handler runs (the server said `100 Continue`, which it
+    says on entering the handler), waiting for the rest."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n{")
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).startswith(b"HTTP/1.1 100 Continue")
+    return reader, writer
+
+
+def access_lines(output: str, path: str) -> list[tuple[str, str, str]]:
+    """(id, status, details) of each HTTP access-log line for `path`."""
+    return [(rid, status, details) for rid, method, line_path, status, details in ACCESS.findall(output)
+            if line_path == path and method == "POST"]
+
+
 def test_second_ctrl_c_ends_the_streams_at_once():
     server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL)
     pid = server.proc.pid
     try:
         async def main():
             async with aiohttp.ClientSession() as http:
-                held = [await HeldUtterance.open(http, server.url) for _ in range(3)]
-                started = [asyncio.Event() for _ in range(2)]
-                streams = [asyncio.create_task(http_stream(http, server.url, s)) for s in started]
+                whole = asyncio.create_task(narrated_whole(http, server.url))
+                await eventually_async(lambda: segments_started(server.url), what="the whole file's narration")
+                held = [await HeldUtterance.open(http, server.url) for _ in range(NUM_HELD)]
+                started = [asyncio.Event() for _ in range(3)]
+                streams = [asyncio.create_task(http_stream(http, server.url, s)) for s in started[:2]]
+                sse = asyncio.create_task(narrated_sse(http, server.url, started[2]))
                 await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 60)
+                body_reader, _ = await held_body(server.port)
                 assert shm_segments(pid)  # the ring the stages share while they serve
                 ctrl_c(server)
                 drain = await eventually_async(lambda: drain_line(server), what="the drain line")
@@ -141,12 +203,33 @@ def test_second_ctrl_c_ends_the_streams_at_once():
                         await stream
                     except aiohttp.ClientPayloadError:
                         pass
+                # a narration ends as one request does: its SSE stream with an error event, its whole file a 503
+                events = await sse
+                assert events[-1]["type"] == "speech.audio.error", events[-1]
+                assert events[-1]["error"]["code"] == "service_unavailable", events[-1]
+                assert ENGINE_STOPPING in events[-1]["error"]["message"], events[-1]
+                status, body = await whole
+                assert status == 503 and body["error"]["code"] == "service_unavailable", (status, body)
+                assert ENGINE_STOPPING in body["error"]["message"], body
+                assert await body_reader.read() == b""   # the request without its body: closed unanswered
         asyncio.run(main())
     finally:
         output = server.stop()
     assert "Traceback" not in output, output
     assert len(DRAIN.findall(output)) == 1, output
     assert shm_segments(pid) == [] and stage_pids(pid) == []
+    # each request has its line: the raw streams' and the SSE narration's 200 (the status they were sent), the whole
+    # file's and assert_refused's 503, and `shutdown` for the request the stop cut before its body arrived
+    statuses = sorted(status for _, status, _ in access_lines(output, "/v1/audio/speech"))
+    assert statuses == ["200"] * 3 + ["503"] * 2 + ["shutdown"], output
+    # each session a line at its end (its utterance ended by the stop's error event), each utterance its own
+    sessions = SESSION.findall(output)
+    assert sorted(outcome for _, _, outcome in sessions) == ["error:503"] * NUM_HELD, output
+    assert all(count == "1" for _, count, _ in sessions), output
+    utterances = UTTERANCE.findall(output)
+    assert sorted((rid, index, status) for rid, index, status, _, _ in utterances) == sorted(
+        (rid, "0", "503") for rid, _, _ in sessions), output
+    assert all(audio != "-" and ttfp != "-" for _, _, _, audio, ttfp in utterances), output
 
 
 @pytest.mark.parametrize("first", ["ctrl-c", "sigterm"])
@@ -157,6 +240,10 @@ def test_first_ctrl_c_lets_the_streams_finish(first):
         async def main():
             async with aiohttp.ClientSession() as http:
                 assert_get_is_405(server)
+                _, writer = await held_body(server.port)
+                writer.close()   # the client goes away: its request is cut, and logged so
+                await eventually_async(lambda: access_lines(server.output(), "/v1/audio/speech"),
+                                       what="the access-log line of the request its client left")
                 whole = await http_stream(http, server.url, asyncio.Event())
                 held = [await HeldUtterance.open(http, server.url) for _ in range(2)]
                 started = asyncio.Event()
@@ -180,6 +267,12 @@ def test_first_ctrl_c_lets_the_streams_finish(first):
         output = server.stop()
     assert "Traceback" not in output, output
     assert len(DRAIN.findall(output)) == 1, output
+    assert access_lines(output, "/v1/audio/speech")[0][1] == "disconnect", output
+    # each session closed by its client, its one utterance spoken whole
+    sessions = SESSION.findall(output)
+    assert [(count, outcome) for _, count, outcome in sessions] == [("1", "closed")] * 2, output
+    assert sorted((rid, index, status) for rid, index, status, _, _ in UTTERANCE.findall(output)) == sorted(
+        (rid, "0", "200") for rid, _, _ in sessions), output
 
 
 def test_health_is_503_while_loading_and_ctrl_c_then_is_one_line(tmp_path):

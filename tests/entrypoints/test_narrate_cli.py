@@ -1,7 +1,8 @@
 """`omni-tts narrate` as a user runs it (real processes, the tiny CustomVoice fixture, greedy): the file is the
 segments spoken one by one (the offline engine, in this process) plus the pauses; a run cut by Ctrl-C or killed
-leaves a file its sidecar describes, and the same command completes it into the uninterrupted run's file; another
-input or other options are refused without --restart; every bad input is one line and a non-zero exit.
+leaves a file its sidecar describes, and the same command completes it into the uninterrupted run's file; a killed
+run leaves no shared memory and no warning; another input or other options are refused without --restart; every
+bad input is one line and a non-zero exit.
 
 A run is cut at a known state, not after a delay: the command runs under a wrapper that sends the signal itself
 once the sidecar lists K segments and some bytes of the next one are in the file (the signal is real: Ctrl-C goes
@@ -9,6 +10,7 @@ to the whole process group, stages included, as a terminal sends it)."""
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,6 +159,19 @@ def test_ctrl_c_leaves_a_file_the_same_command_completes(whole, tmp_path):
     assert out.read_bytes()[:44] == whole[:44]
     assert_same_pcm(out.read_bytes()[44:], whole[44:])
     assert not os.path.exists(f"{out}.narration.json")
+
+
+def test_a_killed_run_leaves_no_shared_memory_and_no_warning(tmp_path):
+    """kill -9 cannot clean up: its stages see their parent gone, remove its shared memory and exit, each saying
+    so in one line; nothing else is written (no resource tracker warns of a "leaked" ring: none holds it)."""
+    killed = narrate(tmp_path / "book.wav", cut="kill")
+    assert killed.returncode == -signal.SIGKILL
+    lines = killed.stderr.splitlines()   # read to its end: every process that held it has exited
+    gone = [re.search(r"ERROR omni_tts\.stages\.common: \w+: the server process (\d+) is gone; exiting$", line)
+            for line in lines]
+    assert len(lines) == 2 and all(gone), killed.stderr
+    pid = gone[0].group(1)
+    assert [name for name in os.listdir("/dev/shm") if name.startswith(f"omni_tts_{pid}_")] == []
 
 
 @pytest.mark.slow   # opt-in (--runslow): the suite stays near 10 minutes on 2 cores

@@ -172,13 +172,18 @@ def test_default_name_default_voice_and_no_aliases():
 
 
 def test_a_default_voice_the_checkpoint_lacks_stops_the_start():
-    for checkpoint, flag, message in (("tiny-custom-voice", "nobody", "--default-voice 'nobody' is not a voice"),
-                                      ("tiny-voice-design", "alloy", "--default-voice needs a CustomVoice")):
+    """Refused from the checkpoint's config before any stage starts: one line (the voices available), status 2."""
+    for checkpoint, flag, message in (
+            ("tiny-custom-voice", "nobody", "--default-voice 'nobody' is not a voice of this checkpoint; available: "
+                                            "aiden, dylan, eric, ono_anna, ryan, serena, sohee, uncle_fu, vivian, or an "
+                                            "OpenAI voice (alloy, "),
+            ("tiny-voice-design", "alloy", "--default-voice needs a CustomVoice")):
         done = subprocess.run([sys.executable, "-m", "omni_tts.entrypoints.cli", "serve", "--model",
                                str(FIXTURES / checkpoint), "--default-voice", flag, "--port", str(free_port())],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and message in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout
+        assert done.stdout.startswith(f"omni-tts serve: error: {message}") and done.stdout.count("\n") == 1, \
+            done.stdout
 
 
 @pytest.mark.parametrize("variant,kwargs", [

@@ -6,7 +6,8 @@ Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_b
 (voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
 GET / and /playground/{name} (playground.py). CPU work
 (tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
-the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line (access_log.py).
+the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket
+session one per utterance and one at its end (access_log.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from omni_tts.entrypoints.api.openapi import openapi_routes
 from omni_tts.entrypoints.api.playground import playground_routes
 from omni_tts.orchestrator.tts_client import TTSClient
 
-from .access_log import send_request_id
+from .access_log import log_cut_requests, send_request_id
 from .auth import SPEECH_STREAM_PATH, api_key_middleware
 from .server_config import ServerConfig
 from .cors import Cors
@@ -36,12 +37,13 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
     app's own cleanup closes what it made (its state, the aligner client)."""
     cors = Cors(config.allowed_origins)
     in_flight = InFlight()
-    middlewares = [in_flight.middleware, cors.middleware(), count_speech_requests, error_middleware]
+    middlewares = [log_cut_requests(in_flight.why_cut), in_flight.middleware, cors.middleware(),
+                   count_speech_requests, error_middleware]
     if config.api_key:
         middlewares.append(api_key_middleware(config.api_key))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[TTS], app[CONFIG] = tts, config
-    # refuses a --default-voice the checkpoint lacks before any stage starts
+    # a --default-voice the checkpoint lacks raises ValueError (`omni-tts serve` refuses it before its stages start)
     voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
 
     async def shared_state(app: web.Application):

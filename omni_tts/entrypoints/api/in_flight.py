@@ -1,5 +1,5 @@
 """The requests a server is answering, counted until their answer is written (`middleware`), so that a stopping
-server can refuse new ones (`close`: 503) and wait for these (`wait_idle`)."""
+server can refuse new ones (`close`: 503), wait for these (`wait_idle`) or end them now (`end`)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +17,7 @@ class InFlight:
     def __init__(self) -> None:
         self.count = 0
         self.closed = False
+        self.ending = False   # the server ends what is in flight now
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -26,6 +27,15 @@ class InFlight:
     def close(self) -> None:
         """From now on requests are refused (503)."""
         self.closed = True
+
+    def end(self) -> None:
+        """From now on what is in flight is ended by the server: a handler cancelled now was cut by its stop."""
+        self.ending = True
+
+    def why_cut(self) -> str:
+        """Why a handler was cancelled: `shutdown` (the server's stop ended it, `end`), else `disconnect` (its client
+        went away: aiohttp cancels the handler of a lost connection)."""
+        return "shutdown" if self.ending else "disconnect"
 
     async def wait_idle(self) -> None:
         """Returns once no request is in flight."""

@@ -4,8 +4,9 @@ Loading: the socket answers at once, every route 503 with the OpenAI envelope (s
 is not ready, instead of a connection that hangs), while the pipeline is built in a thread and its stages start.
 Serving: the app (app.py). Stopping: the first SIGINT or SIGTERM drains (new requests, and new utterances of open
 WebSocket sessions, are answered 503 while the listener stays open; the requests in flight finish; exit status 0);
-a second one ends the requests in flight at once (each ends as a pipeline failure does, `api/responders.py`; exit
-status 128 + its number: 130 for Ctrl-C). A signal while loading stops at once, with that status too.
+a second one ends the requests in flight at once (each ends as a pipeline failure does, `api/responders.py`; one
+still running END_GRACE later is cut, its access-log line saying `shutdown`; exit status 128 + its number: 130 for
+Ctrl-C). A signal while loading stops at once, with that status too.
 """
 from __future__ import annotations
 
@@ -75,13 +76,12 @@ class _Server:
                 logger.warning("stopped while loading (%s)", signal.Signals(self.stop.result()).name)
                 return 128 + self.stop.result()
             tts, config, ready = starting.result()
-            from .access_log import AccessLogger
+            from .access_log import ACCESS_LOG, AccessLogger
             from .app import build_app
-            app = build_app(tts, config)
-            runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=self.keepalive_timeout,
-                                   shutdown_timeout=END_GRACE, access_log_class=AccessLogger,
-                                   access_log=logging.getLogger("omni_tts.access"))
             try:
+                runner = web.AppRunner(build_app(tts, config), handler_cancellation=True,
+                                       keepalive_timeout=self.keepalive_timeout, shutdown_timeout=END_GRACE,
+                                       access_log_class=AccessLogger, access_log=ACCESS_LOG)
                 await runner.setup()
             except BaseException:
                 await tts.shutdown()
@@ -112,6 +112,7 @@ class _Server:
         finally:
             if self.abort.done():
                 logger.warning("stopping now: ending %d stream%s", len(in_flight), "" if len(in_flight) == 1 else "s")
+                in_flight.end()
                 await tts.shutdown()  # fails what is in flight: each handler ends its answer
                 await runner.cleanup()
             else:

@@ -29,6 +29,7 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
+from .access_log import SessionLog
 from .admission import Admission
 from .audio_frames import AudioFrames
 from .auth import WS_PROTOCOL
@@ -61,15 +62,17 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     # the reading task while the session may still be writing
     ws = web.WebSocketResponse(max_msg_size=2 * MAX_CONFIG_BYTES, protocols=(WS_PROTOCOL,), autoclose=False)
     await ws.prepare(request)
-    await SpeechSession(request.app[STATE], ws).run()
+    state = request.app[STATE]
+    with SessionLog(request, ws, state.in_flight.why_cut) as log:
+        await SpeechSession(state, ws, log).run()
     return ws
 
 
 class SpeechSession:
     """One connection: its config, the utterance in progress, the events it sends."""
 
-    def __init__(self, state: ServerState, ws: web.WebSocketResponse) -> None:
-        self.state, self.ws = state, ws
+    def __init__(self, state: ServerState, ws: web.WebSocketResponse, log: SessionLog) -> None:
+        self.state, self.ws, self.log = state, ws, log
         self.config: SessionConfig | None = None
         self.template: SynthesisRequest | None = None   # what the config asks for, its text left empty
         self.voice_version: str | None = None
@@ -92,7 +95,8 @@ class SpeechSession:
         except SessionError as e:
             await self.fail(str(e))
         except REQUEST_ERRORS as e:
-            await self.fail(api_error(e).message)
+            error = api_error(e)
+            await self.fail(error.message, error.status)
         except asyncio.CancelledError:
             if not self.messages.closed_by_client():
                 raise
@@ -100,7 +104,7 @@ class SpeechSession:
             pass  # the connection closed while the session wrote to it: there is no one to tell
         except Exception:
             logger.exception("speech stream session failed")
-            await self.fail("internal error; see the server log")
+            await self.fail("internal error; see the server log", 500)
         finally:
             # shielded: a client that goes away cancels the handler (handler_cancellation), and the utterance's
             # requests and slot must still be let go of
@@ -114,11 +118,12 @@ class SpeechSession:
         await self.messages.stop()
         await self.ws.close()
 
-    async def fail(self, message: str) -> None:
-        """The error event (once), then the connection closes."""
+    async def fail(self, message: str, status: int = 400) -> None:
+        """The error event (once), then the connection closes; `status`: the error's, for the access log."""
         if self.failed:
             return
         self.failed = True
+        self.log.failed(status)
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self.ws.send_json({"type": "error", "message": message})
         await self.messages.stop()
@@ -187,6 +192,7 @@ class SpeechSession:
             self.utterance, self.num_commits = None, 0
             await self.ws.send_json({"type": "session.done", "utterance_index": self.utterance_index,
                                      "total_sentences": total})
+            self.log.utterance_ended(200)
             self.utterance_index += 1
 
     async def _add(self, text: str) -> None:
@@ -194,6 +200,7 @@ class SpeechSession:
         if not text:
             return
         if self.utterance is None:
+            self.log.utterance_began()
             granularity = self.config.split_granularity
             self.utterance = (TokenUtterance(self) if granularity == "token" else
                               NarratedUtterance(self) if granularity == "none" else SplitUtterance(self))
@@ -253,6 +260,7 @@ class SpeechSession:
                              "finish_reason": chunk.segment.usage.finish_reason}
                 if chunk.audio.size:
                     admission.first_audio()
+                    self.log.audio(chunk.audio.shape[0] / SAMPLE_RATE)
                     if progressive is not None:
                         progressive.feed(chunk.audio, sentence_text())
                     elif config.word_timestamps:
@@ -325,7 +333,8 @@ class TokenUtterance:
         try:
             await session.send_audio(self.stream, 0, lambda: self.text, admission, progressive)
         except REQUEST_ERRORS as e:
-            await self.session.fail(api_error(e).message)
+            error = api_error(e)
+            await self.session.fail(error.message, error.status)
             raise
         except ConnectionError:
             pass  # the client went away; the session ends with the connection

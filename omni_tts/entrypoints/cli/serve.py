@@ -191,14 +191,17 @@ def _prepare_server_process() -> None:
 
 def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
                   model_dir: str) -> ServerConfig:
-    """The app's config; ValueError (one line) for a bad --voices-manifest."""
+    """The app's config; ValueError (one line) for a --default-voice the checkpoint lacks or a bad --voices-manifest:
+    read from the checkpoint's config, before any stage starts."""
     from omni_tts.config.options import from_options
+    from omni_tts.entrypoints.api.names import VoiceNames
     from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.voices.manifest import load_voices_manifest
     from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 
-    manifest = (load_voices_manifest(args.voices_manifest, Qwen3TTSConfig.load(model_dir))
-                if args.voices_manifest else None)
+    checkpoint = Qwen3TTSConfig.load(model_dir)
+    VoiceNames(checkpoint.tts_model_type, list(checkpoint.talker.spk_id), args.default_voice)
+    manifest = load_voices_manifest(args.voices_manifest, checkpoint) if args.voices_manifest else None
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
                         ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args))
