@@ -11,6 +11,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
@@ -20,7 +21,7 @@ from omni_tts.entrypoints.api.openapi import openapi_document
 from omni_tts.entrypoints.api.app import build_app
 from omni_tts.entrypoints.api.server_config import ServerConfig
 from omni_tts.orchestrator.async_tts import AsyncTTS
-from server_util import ServerProcess
+from server_util import ServerProcess, request
 
 MODEL = "openapi-model"
 NAMES = (MODEL, "second-name")
@@ -121,3 +122,17 @@ def test_the_docs_page_and_the_playground_ship_in_the_wheel(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         for path in shipped:
             assert archive.read(path.relative_to(root).as_posix()) == path.read_bytes()
+
+
+def test_a_json_speech_answer_is_the_documented_shape(cv_server):
+    """response_format json answers one JSON object: its content type and its shape are in the document (a fuzzer
+    once found the content type undocumented)."""
+    with urllib.request.urlopen(cv_server.url + "/openapi.json") as response:
+        document = json.loads(response.read())
+    status, headers, body = request(cv_server.url + "/v1/audio/speech", {
+        "input": "Documented.", "voice": "ryan", "response_format": "json", "temperature": 0, "max_new_tokens": 8})
+    assert status == 200
+    documented = document["paths"]["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
+    assert headers["Content-Type"].split(";")[0] in documented
+    jsonschema.validate(json.loads(body), documented["application/json"]["schema"] | {
+        "components": document["components"]})

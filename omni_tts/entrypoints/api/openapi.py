@@ -23,7 +23,9 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AU
                                            REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
                                            ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
 
-_SCHEMAS = "#/components/schemas/"
+from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
+                               SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING, VOICE_LIST)
+
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
 # for the key); the routes as the router names them, so a path that merely looks like one of them stays guarded
 OPEN_PATHS = ("/health", "/docs", "/", "/playground/{name}")
@@ -36,142 +38,16 @@ def is_open_route(request: web.Request) -> bool:
 
 
 def _json(schema_name: str, description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": _SCHEMAS + schema_name}}}}
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": SCHEMAS + schema_name}}}}
 
 
 def _error(description: str) -> dict:
     return _json("ErrorResponse", description)
 
 
-_ERROR_RESPONSE = {
-    "type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-_VOICE = {  # VoiceRecord.to_json
-    "type": "object",
-    "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "speaker_description",
-                 "file_size", "mime_type", "duration_s", "embedding_source", "embedding_dim"],
-    "properties": {"id": {"type": "string", "description": "the name: what DELETE and a speech request's voice take"},
-                   "object": {"const": "audio.voice"}, "type": {"enum": ["audio_sample", "speaker_embedding"]},
-                   "name": {"type": "string"},
-                   "created_at": {"type": "integer", "description": "unix seconds, strictly increasing per upload: "
-                                                                    "the voice's version"},
-                   "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
-                   "speaker_description": {"type": ["string", "null"]},
-                   "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
-                   "duration_s": {"type": ["number", "null"], "description": "the clip's; null for an embedding"},
-                   "embedding_source": {"enum": ["audio", "embedding"],
-                                        "description": "where the voice's x-vector comes from: its clip, or the "
-                                                       "upload itself (a voice without audio)"},
-                   "embedding_dim": {"type": ["integer", "null"],
-                                     "description": "the x-vector's length (a clip's: the served checkpoint's; "
-                                                    "null on a checkpoint without a speaker encoder)"},
-                   "read_only": {"const": True, "description": "a --voices-manifest voice: it cannot be replaced "
-                                                               "or deleted"}}}
-_VOICE_EMBEDDING = {  # GET /v1/audio/voices/{name}/embedding
-    "type": "object",
-    "required": ["object", "name", "created_at", "embedding_source", "embedding_dim", "speaker_embedding"],
-    "properties": {"object": {"const": "audio.voice.embedding"}, "name": {"type": "string"},
-                   "created_at": {"type": "integer"}, "embedding_source": {"enum": ["audio", "embedding"]},
-                   "embedding_dim": {"type": "integer"},
-                   "speaker_embedding": {"type": "array", "items": {"type": "number"},
-                                         "description": "send it back as a speech request's speaker_embedding"}}}
-_VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "uploaded_voices"], "properties": {
-    "object": {"const": "list"},
-    "data": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}, "description": "the uploaded voices"},
-    "voices": {"type": "array", "items": {"type": "string"}, "description": "the speakers and uploaded voices"},
-    "uploaded_voices": {"type": "array", "items": {"$ref": _SCHEMAS + "Voice"}},
-    "voice_aliases": {"type": "object", "additionalProperties": {"type": "string"},
-                      "description": "CustomVoice: the speaker each OpenAI voice name stands for"}}}
-_VOICE_DELETED = {"type": "object", "required": ["id", "object", "deleted", "success", "name"], "properties": {
-    "id": {"type": "string"}, "object": {"const": "audio.voice.deleted"}, "deleted": {"const": True},
-    "success": {"const": True}, "name": {"type": "string"}, "message": {"type": "string"}}}
-_RANDOM_WEIGHTS = {"type": "boolean",
-                   "description": "true for the embedded tiny model (no --model): random weights, it speaks noise"}
-_MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {
-    "object": {"const": "list"},
-    "data": {"type": "array", "items": {"type": "object", "required": ["id", "object", "created", "owned_by"],
-                                        "properties": {"id": {"type": "string"}, "object": {"const": "model"},
-                                                       "created": {"type": "integer"},
-                                                       "owned_by": {"type": "string"},
-                                                       "root": {"type": "string",
-                                                                "description": "the primary name"},
-                                                       "task_type": {"enum": ["CustomVoice", "VoiceDesign", "Base"],
-                                                                     "description": "the checkpoint's task: the "
-                                                                                    "only task_type it takes"},
-                                                       "languages": {"type": "array", "items": {"type": "string"},
-                                                                     "description": "the language values it "
-                                                                                    "takes (auto: detect)"},
-                                                       "random_weights": _RANDOM_WEIGHTS}}}}}
-_INT = {"type": "integer"}
-_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens", "input_token_details"],
-          "properties": {**{name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "total_tokens")},
-                         "input_token_details": {  # vllm-omni's split of input_tokens
-                             "type": "object", "required": ["text_tokens", "audio_tokens"],
-                             "properties": {"text_tokens": {"type": "integer"}, "audio_tokens": {"type": "integer"}}}}}
-_SPEECH_EVENT_DATA = {"oneOf": [
-    {"type": "object", "required": ["type", "audio", "response_format"],
-     "properties": {"type": {"const": "speech.audio.delta"}, "audio": {"type": "string", "contentEncoding": "base64"},
-                    "response_format": {"type": "string"}}},
-    {"type": "object", "required": ["type", "usage"],
-     "properties": {"type": {"const": "speech.audio.done"}, "usage": {"$ref": _SCHEMAS + "Usage"}}},
-    {"type": "object", "required": ["type", "error"],
-     "properties": {"type": {"const": "speech.audio.error"}, "error": {"type": "object"}}}]}
-_SPEECH_EVENT = {  # one event of the stream: SSE tools (schemathesis among them) read an SSE schema this way
-    "type": "object", "required": ["event", "data"],
-    "properties": {"event": {"enum": [event["properties"]["type"]["const"] for event in _SPEECH_EVENT_DATA["oneOf"]]},
-                   "data": {"type": "string", "contentMediaType": "application/json",
-                            "contentSchema": _SPEECH_EVENT_DATA}}}
-_BATCH_TOTALS = {"type": "object", "required": ["total", "succeeded", "failed"],
-                 "properties": {name: _INT for name in ("total", "succeeded", "failed")}}
-_BATCH_RESULT = {"oneOf": [  # api/speech_batch.py: vllm-omni's fields (status, audio_data, media_type) and ours
-    {"type": "object", "required": ["index", "status", "status_code", "response_format", "media_type", "audio_data",
-                                    "usage", "finish_reason", "audio_seconds"],
-     "properties": {"index": _INT, "status": {"const": "success"}, "status_code": {"const": 200},
-                    "response_format": {"type": "string"}, "media_type": {"type": "string"},
-                    "audio_data": {"type": "string", "contentEncoding": "base64"},
-                    "usage": {"$ref": _SCHEMAS + "Usage"},
-                    "finish_reason": {"type": "string"}, "audio_seconds": {"type": "number"},
-                    "voice_ignored": {"type": "string"}, "ignored_fields": {"type": "string"}}},
-    {"type": "object", "required": ["index", "status", "status_code", "error"],
-     "properties": {"index": _INT, "status": {"const": "error"},
-                    "status_code": {"type": "integer", "minimum": 400},
-                    "error": _ERROR_RESPONSE["properties"]["error"]}}]}
-_BATCH_RESPONSE = {"type": "object", "required": ["id", "results", *_BATCH_TOTALS["required"], "summary"],
-                   "properties": {"id": {"type": "string"}, "results": {"type": "array", "items": _BATCH_RESULT},
-                                  **_BATCH_TOTALS["properties"], "summary": _BATCH_TOTALS}}
-_HEALTH = {"type": "object", "required": ["status"], "properties": {
-    "status": {"enum": ["healthy", "unhealthy"]}, "message": {"type": "string"},
-    "stage": {"type": "string", "description": "the failed stage"}}}
-
-
-def _event(name: str, **properties: dict) -> dict:
-    return {"type": "object", "required": ["type", *(p for p in properties if p not in ("sample_rate", "channels"))],
-            "properties": {"type": {"const": name}} | properties}
-
-
-_SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/speech/stream (api/speech_stream.py)
-    _event("audio.start", utterance_index=_INT, sentence_index=_INT, sentence_text={"type": "string"},
-           format={"type": "string"}, sample_rate=_INT, channels=_INT),
-    _event("audio.done", utterance_index=_INT, sentence_index=_INT, total_bytes=_INT, error={"type": "boolean"}),
-    _event("input.committed", utterance_index=_INT, commit_index=_INT, text={"type": "string"},
-           commit_id={"type": ["string", "null"]}, sentence_index=_INT, chars_committed=_INT),
-    _event("session.done", utterance_index=_INT, total_sentences=_INT),
-    _event("error", message={"type": "string"}),
-    {"type": "object", "required": ["type", "utterance_index", "sentence_index", "timestamps"],
-     "description": "audio_frames json (api/audio_frames.py): a piece of audio (`audio_b64`; timestamps null) or the "
-                    "request's words (its last, `audio_b64` empty); else a request's words after its audio.done",
-     "properties": {"type": {"const": "audio.chunk"}, "utterance_index": _INT, "sentence_index": _INT,
-                    "chunk_id": _INT, "sample_rate": _INT, "channels": _INT, "audio_b64": {"type": "string"},
-                    "timestamps": {"type": ["array", "null"],
-                                   "items": {"type": "object", "required": ["word", "start_ms", "end_ms"]}},
-                    "reason": {"type": "string", "description": "why timestamps is null"}}}]}
-
-
 def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
     (_, _, _, client_message), schemas = msgspec.json.schema_components(
-        [SpeechRequest, SpeechBatchRequest, VoiceUpload, ClientMessage], ref_template=_SCHEMAS + "{name}")
+        [SpeechRequest, SpeechBatchRequest, VoiceUpload, ClientMessage], ref_template=SCHEMAS + "{name}")
     schemas["SpeechBatchRequest"]["properties"]["items"]["description"] = (
         f"1–{MAX_BATCH_ITEMS} speech requests, each a SpeechRequest that asks for a whole file; the batch's other "
         "fields are defaults an item's own fields override")
@@ -197,7 +73,7 @@ def _request_schemas(model_names: Sequence[str], strict_fields: bool) -> dict:
             field.update(next(choice for choice in field.pop("anyOf") if choice.get("type") != "null"))
             field.pop("default")
     schemas["VoiceUpload"]["oneOf"] = [{"required": ["audio_sample"]}, {"required": ["speaker_embedding"]}]
-    return schemas | {"SpeechStreamClientMessage": client_message, "SpeechStreamServerEvent": _SPEECH_STREAM_EVENT}
+    return schemas | {"SpeechStreamClientMessage": client_message, "SpeechStreamServerEvent": SPEECH_STREAM_EVENT}
 
 
 def _header(description: str, schema_type: str = "string") -> dict:
@@ -207,15 +83,16 @@ def _header(description: str, schema_type: str = "string") -> dict:
 def _speech_operation() -> dict:
     audio = {content_type(fmt): {"schema": {"type": "string", "contentMediaType": content_type(fmt)}}
              for fmt in get_args(ResponseFormat)}
-    sse = {"text/event-stream": {"schema": {"$ref": _SCHEMAS + "SpeechEvent"}}}
+    sse = {"text/event-stream": {"schema": {"$ref": SCHEMAS + "SpeechEvent"}}}
+    whole_json = {"application/json": {"schema": {"$ref": SCHEMAS + "SpeechJson"}}}
     return {
         "operationId": "createSpeech",
         "summary": "Synthesize speech (OpenAI CreateSpeech + Qwen3-TTS extensions)",
         "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechRequest"}}}},
+                        "content": {"application/json": {"schema": {"$ref": SCHEMAS + "SpeechRequest"}}}},
         "responses": {
             "200": {"description": "the audio: whole, a chunked stream, or SSE speech.audio.delta events",
-                    "content": audio | sse,
+                    "content": audio | sse | whole_json,
                     "headers": {
                         "x-omni-tts-audio-seconds": _header("whole-file responses: the audio's duration in seconds "
                                                             "(after `speed`)", "number"),
@@ -252,7 +129,7 @@ def _speech_batch_operation() -> dict:
                         f"The items' files together hold at most {MAX_BATCH_AUDIO_BYTES >> 20} MiB (each item its "
                         "equal share; over it: 413)."),
         "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": {"$ref": _SCHEMAS + "SpeechBatchRequest"}}}},
+                        "content": {"application/json": {"schema": {"$ref": SCHEMAS + "SpeechBatchRequest"}}}},
         "responses": {
             "200": _json("SpeechBatchResponse", "every item's result, in order, and the totals"),
             "400": _error("a malformed batch (the field is named in `param`)"),
@@ -277,8 +154,8 @@ def _speech_stream_operation() -> dict:
             "API key, a client that cannot set the Authorization header (a browser) may offer the subprotocols "
             "`omni-tts` and `omni-tts.bearer.<the key's UTF-8 in base64url, without padding>` instead; the server "
             "answers `omni-tts`."),
-        "x-websocket": {"client-messages": {"$ref": _SCHEMAS + "SpeechStreamClientMessage"},
-                        "server-events": {"$ref": _SCHEMAS + "SpeechStreamServerEvent"}},
+        "x-websocket": {"client-messages": {"$ref": SCHEMAS + "SpeechStreamClientMessage"},
+                        "server-events": {"$ref": SCHEMAS + "SpeechStreamServerEvent"}},
         "responses": {
             "101": {"description": "Switching Protocols: the session runs over the WebSocket"},
             "400": _error("not a WebSocket upgrade request")}}
@@ -298,14 +175,14 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
             "post": {"operationId": "uploadVoice", "summary": "Upload a reference clip or a speaker embedding as a "
                                                              "named voice (Base models with --voices-dir)",
                      "requestBody": {"required": True, "content": {"multipart/form-data": {
-                         "schema": {"$ref": _SCHEMAS + "VoiceUpload"}}}},
+                         "schema": {"$ref": SCHEMAS + "VoiceUpload"}}}},
                      "responses": {
                          "200": {"description": "stored: the voice (OpenAI's Voice), and again under `voice` "
                                                 "(vllm-omni)", "content": {"application/json": {"schema": {
-                                                    "allOf": [{"$ref": _SCHEMAS + "Voice"}, {
+                                                    "allOf": [{"$ref": SCHEMAS + "Voice"}, {
                                                         "type": "object", "required": ["success", "voice"],
                                                         "properties": {"success": {"const": True},
-                                                                       "voice": {"$ref": _SCHEMAS + "Voice"}}}]}}}},
+                                                                       "voice": {"$ref": SCHEMAS + "Voice"}}}]}}}},
                          "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
                          "409": _error("the voice limit is reached, or the name is a read-only manifest voice"),
@@ -366,11 +243,11 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                                 "envelope (ErrorResponse)."},
         "paths": paths,
         "components": {"schemas": _request_schemas(model_names, strict_fields) | {
-            "ErrorResponse": _ERROR_RESPONSE, "Voice": _VOICE, "VoiceList": _VOICE_LIST,
-            "VoiceEmbedding": _VOICE_EMBEDDING,
-            "VoiceDeleted": _VOICE_DELETED, "ModelList": _MODEL_LIST, "Health": _HEALTH, "Usage": _USAGE,
-            "SpeechBatchResponse": _BATCH_RESPONSE,
-            "SpeechEvent": _SPEECH_EVENT}},
+            "ErrorResponse": ERROR_RESPONSE, "Voice": VOICE, "VoiceList": VOICE_LIST,
+            "VoiceEmbedding": VOICE_EMBEDDING,
+            "VoiceDeleted": VOICE_DELETED, "ModelList": MODEL_LIST, "Health": HEALTH, "Usage": USAGE,
+            "SpeechBatchResponse": BATCH_RESPONSE,
+            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON}},
     }
     if api_key_required:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
