@@ -5,6 +5,7 @@ import io
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import soundfile as sf
@@ -18,17 +19,22 @@ from waiting import RESTART_TIMEOUT, eventually
 
 ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
 TEXT = "Hello world, this is a test. The quick brown fox jumps over the lazy dog!"
-ALIGNER_TIMEOUT_S = 3
+
+
+def start_server(tmp_path_factory, *flags: str) -> ServerProcess:
+    """The tiny CustomVoice model and the tiny aligner; a segment the aligner holds is held until the aligner ends
+    (no timeout_s ends it)."""
+    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
+    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text()
+                    + "\naligner:\n  max_batch_size: 4\n  timeout_s: 3600\n")
+    return ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
+                         "--stage-config", str(yaml), *flags)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The tiny CustomVoice model and the tiny aligner; a segment the aligner holds for ALIGNER_TIMEOUT_S gets none."""
-    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
-    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text()
-                    + f"\naligner:\n  max_batch_size: 4\n  timeout_s: {ALIGNER_TIMEOUT_S}\n")
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
-                           "--stage-config", str(yaml))
+    """A stopped aligner is never declared hung here: its holds last until a test ends them."""
+    server = start_server(tmp_path_factory, "--stage-heartbeat-timeout", "3600")
     yield server
     server.stop()
 
@@ -143,28 +149,38 @@ def aligner_status(server) -> dict:
     return json.loads(request(server.url + "/health")[2])["aligner"]
 
 
-def test_a_stuck_or_killed_aligner_costs_timestamps_not_audio(server):
-    """Held by state: the aligner is stopped (SIGSTOP), so a segment waits in it; the request still gets its audio."""
+def aligner_restarted(server, pid: int) -> dict:
+    """/health's aligner once a process other than `pid` aligns."""
+    return eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, RESTART_TIMEOUT,
+                      "aligner restarted")
+
+
+def sentence_events(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "speech.audio.timestamps"]
+
+
+def test_after_an_aligner_failure_sse_keeps_one_event_per_sentence(server):
+    """The events of an alignment that failed are the ones the same request gets when it does not (one per sentence,
+    the same indexes and texts), each with the reason."""
+    _, _, body = speak(server, stream_format="sse", response_format="pcm")
+    answered = sentence_events(parse_sse(body))
+    assert len(answered) == 2 and all(e["words"] for e in answered)
+    expected = [(e["sentence_index"], e["text"]) for e in answered]
     pid = aligner_status(server)["pid"]
     os.kill(pid, signal.SIGSTOP)
-    try:
-        status, headers, body = speak(server, response_format="wav")   # waits ALIGNER_TIMEOUT_S, then answers
-        assert status == 200 and sf.info(io.BytesIO(body)).duration > 0
-        assert "x-word-timestamps" not in headers
-        assert f"within {ALIGNER_TIMEOUT_S} s" in headers["x-word-timestamps-unavailable"]
-    finally:
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(speak, server, stream_format="sse", response_format="pcm")
+        eventually(lambda: aligner_status(server)["pending"] >= 1, what="the text waits in the aligner")
         os.kill(pid, signal.SIGKILL)
-        os.kill(pid, signal.SIGCONT)
-    status = eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, RESTART_TIMEOUT,
-                        "aligner restarted")
-    assert status["pending"] == 0
-    status, headers, _ = speak(server, response_format="wav")
-    assert status == 200 and "x-word-timestamps" in headers
+        status, _, body = answer.result()
+    assert status == 200
+    failed = sentence_events(parse_sse(body))
+    assert [(e["sentence_index"], e["text"]) for e in failed] == expected
+    assert all(e["words"] is None and "killed by signal SIGKILL" in e["reason"] for e in failed)
+    aligner_restarted(server, pid)
 
 
 def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
-    from concurrent.futures import ThreadPoolExecutor
-
     pid = aligner_status(server)["pid"]
     os.kill(pid, signal.SIGSTOP)
     with ThreadPoolExecutor(1) as pool:
@@ -174,9 +190,13 @@ def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
         status, _, body = answer.result()
     assert status == 200
     result = json.loads(body)
-    assert result["words"] is None and "exited" in result["timestamps_unavailable"]
+    assert result["words"] is None
+    assert result["timestamps_unavailable"] == "the aligner stage exited (killed by signal SIGKILL); it is restarting"
     assert sf.info(io.BytesIO(base64.b64decode(result["audio"]))).duration > 0
-    eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, RESTART_TIMEOUT, "aligner restarted")
+    status = aligner_restarted(server, pid)
+    assert status["pending"] == 0
+    status, headers, _ = speak(server, response_format="wav")
+    assert status == 200 and "x-word-timestamps" in headers
 
 
 def test_beside_code2wav_the_aligner_lives_and_restarts_with_its_process(tmp_path):

@@ -1,8 +1,8 @@
 """Stage-process supervision (orchestrator/processes.py), the one way the pipeline and the forced aligner are watched
 and restarted, with real processes: a load that hangs meets the load deadline, an exit is told by the stage's own
 report or else by how it ended (the signal named even when the process's files close well before its end), restarts
-back off and give up after max_restarts, and a restarted aligner that hangs while loading is killed and started again
-(it used to be waited for for ever)."""
+back off and give up after max_restarts, a restarted aligner that hangs while loading is killed and started again (it
+used to be waited for for ever), and a span the aligner does not answer within timeout_s gets no words."""
 import asyncio
 import dataclasses
 import os
@@ -11,12 +11,13 @@ import signal
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.config.stage_config import AlignerStageConfig
-from omni_tts.orchestrator.aligner_client import AlignerClient
+from omni_tts.orchestrator.aligner_client import AlignerClient, AlignerUnavailable
 from omni_tts.orchestrator.processes import (FAILURE_REPORT_GRACE, Restarts, StageWatch, spawn, stop_process,
                                              wait_ready)
 from omni_tts.orchestrator.types import StageDeadError
@@ -140,3 +141,22 @@ def test_a_restarted_aligner_that_hangs_while_loading_is_killed_and_started_agai
             await aligner.shutdown()
     asyncio.run(main())
 
+
+def test_a_span_the_aligner_does_not_answer_within_timeout_s_gets_no_words():
+    async def main():
+        # no heartbeat timeout ends the hold: only timeout_s does
+        aligner = AlignerClient(str(ALIGNER), AlignerStageConfig(timeout_s=1.0),
+                                SupervisionSettings(heartbeat_timeout=3600.0))
+        await aligner.start()
+        pid = aligner.status()["pid"]
+        os.kill(pid, signal.SIGSTOP)   # held by state: it reads nothing
+        try:
+            with pytest.raises(AlignerUnavailable, match=r"^the aligner did not answer within 1 s$"):
+                await aligner.align("request", 0, np.zeros(24000, np.float32), 24000, "Hello world.", None)
+            assert aligner.status() == {"ready": True, "reason": None, "placement": "process", "pid": pid,
+                                        "pending": 0}
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+            await aligner.shutdown()
+    asyncio.run(main())

@@ -88,14 +88,18 @@ async def align_span(state: ServerState, request_id: str, span: int, audio: np.n
 
 
 def by_sentence(result: SpanWords, text: str, language: str | None) -> list[tuple[str, SpanWords]]:
-    """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them); the
-    whole text at once where they cannot be (no words, or Japanese, whose segmenter runs in the aligner only)."""
+    """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them; a
+    sentence without words has none to time, and no part); the whole text at once where they cannot be (Japanese,
+    whose segmenter runs in the aligner only, or words that do not add up). Without words (`result` is the reason)
+    each sentence gets the reason, so a failure changes no sentence's index."""
     hint = language_hint(language)
-    if result.words is None or (hint or "").lower() == "japanese":
+    if (hint or "").lower() == "japanese":
         return [(text, result)]
     splitter = TextSplitter("sentence")
     sentences = [*splitter.feed(text), *splitter.flush()]
     counts = [len(split_words(sentence, hint)) for sentence in sentences]
+    if result.words is None:
+        return [(sentence, result) for sentence, count in zip(sentences, counts) if count]
     if sum(counts) != len(result.words):
         return [(text, result)]
     cuts = [0, *itertools.accumulate(counts)]
