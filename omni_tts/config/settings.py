@@ -90,7 +90,8 @@ class SupervisionSettings:
     (orchestrator/processes.py)."""
     startup_timeout: float = 300.0   # seconds a stage process may take to load (to report Ready)
     heartbeat_timeout: Seconds = setting(5.0, "seconds without a heartbeat before a stage counts as hung and the "
-                                              "pipeline restarts", flag="--stage-heartbeat-timeout")
+                                              "pipeline restarts (the forced aligner: it alone restarts)",
+                                         flag="--stage-heartbeat-timeout")
     step_timeout: float = 120.0      # seconds one loop iteration of a stage may take (a deadlocked step)
     restart_window: float = 600.0    # seconds over which restarts are counted against max_restarts
     max_restarts: Annotated[int, msgspec.Meta(ge=0)] = setting(

@@ -1,9 +1,9 @@
 """Stage processes, the pipeline's (supervisor.py) and the forced aligner's (aligner_client.py), supervised one way:
 spawned with Ctrl+C held off (`spawn`), their Ready awaited within the load deadline (`wait_ready`), their exit seen
 at once, with the reason they reported or how they ended (`StageWatch.watch_exit`), a ready one that sends no
-heartbeat or stays in one step too long counted as hung (`StageWatch.hung`), and what failed restarted with one
-backoff policy until it has restarted max_restarts times within restart_window (`Restarts`). The timeouts and limits
-are SupervisionSettings'."""
+heartbeat or stays in one step too long counted as hung (`StageWatch.hung`, watched by `watch_hangs`), and what failed
+restarted with one backoff policy until it has restarted max_restarts times within restart_window (`Restarts`). The
+timeouts and limits are SupervisionSettings'."""
 from __future__ import annotations
 
 import asyncio
@@ -15,10 +15,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from omni_tts.config import stage_environment
 from omni_tts.config.settings import SupervisionSettings
+from omni_tts.stages.common import HEARTBEAT_INTERVAL
 
 from .types import StageDeadError
 
@@ -118,6 +119,20 @@ class StageWatch:
             with contextlib.suppress(TimeoutError):
                 why = await asyncio.wait_for(asyncio.shield(self.reported), FAILURE_REPORT_GRACE)
         on_exit(why or exit_description(self.process))
+
+
+async def watch_hangs(stages: Callable[[], Iterable[StageWatch]], supervision: SupervisionSettings,
+                      on_hung: Callable[[str, str], None]) -> None:
+    """Every heartbeat interval, the ready stages of `stages()`: the first one that is hung goes to
+    `on_hung(name, why)`, and the watch ends (what it watched is stopped and started again)."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+        now = time.monotonic()
+        for stage in stages():
+            why = stage.hung(supervision, now)
+            if why is not None:
+                on_hung(stage.name, why)
+                return
 
 
 async def wait_ready(stages: list[StageWatch], timeout: float) -> None:
