@@ -131,22 +131,41 @@ def _header_safe(text: str) -> str:
 MAX_PENDING_ALIGNMENTS = 4   # a response's segments awaiting their words: beyond, SSE gives up the oldest
 
 
-async def align_narration(state: ServerState, request_id: str, audio: np.ndarray, ends: list[SegmentEnd],
-                          language: str | None) -> SpanWords:
-    """A whole narration's words: each segment's audio aligned against its own text, times absolute in `audio`
-    (the aligner batches the segments in flight, MAX_PENDING_ALIGNMENTS at a time). None, with the first reason, if
-    any segment got none."""
-    gate = asyncio.Semaphore(MAX_PENDING_ALIGNMENTS)
+class NarrationWords:
+    """A whole narration's words (a file, not a stream): each segment's audio aligned against its text as soon as the
+    segment ends (`feed` its audio, then `end`), times absolute across the narration. At most
+    MAX_PENDING_ALIGNMENTS segments hold their audio for the aligner: `end` waits for the oldest beyond (the file
+    waits for its words anyway; the narration's window holds its generation meanwhile). `result`: every segment's
+    words, or None with the first reason if a segment got none."""
 
-    async def one(end: SegmentEnd) -> SpanWords:
-        start = round(end.audio_offset * SAMPLE_RATE)
-        async with gate:
-            return await align_span(state, request_id, end.index,
-                                       audio[start:start + round(end.duration * SAMPLE_RATE)], end.text, language,
-                                       round(end.audio_offset * 1000))
-    results = await asyncio.gather(*(one(end) for end in ends))
-    failed = next((r for r in results if r.words is None), None)
-    return failed if failed is not None else SpanWords([w for r in results for w in r.words])
+    def __init__(self, state: ServerState, request_id: str, language: str | None) -> None:
+        self.state, self.request_id, self.language = state, request_id, language
+        self.parts: list[np.ndarray] = []
+        self.pending: collections.deque[asyncio.Task] = collections.deque()
+        self.done: list[SpanWords] = []
+
+    def feed(self, audio: np.ndarray) -> None:
+        self.parts.append(audio)
+
+    async def end(self, segment: SegmentEnd) -> None:
+        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        self.parts = []
+        self.pending.append(asyncio.ensure_future(align_span(
+            self.state, self.request_id, segment.index, audio, segment.text, self.language,
+            round(segment.audio_offset * 1000))))
+        while len(self.pending) > MAX_PENDING_ALIGNMENTS:
+            self.done.append(await self.pending.popleft())
+
+    async def result(self) -> SpanWords:
+        while self.pending:
+            self.done.append(await self.pending.popleft())
+        failed = next((r for r in self.done if r.words is None), None)
+        return failed if failed is not None else SpanWords([w for r in self.done for w in r.words])
+
+    def close(self) -> None:
+        """A response that ends early: its pending alignments are cancelled."""
+        for task in self.pending:
+            task.cancel()
 
 
 class SentenceTimestamps:
