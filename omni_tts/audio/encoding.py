@@ -54,6 +54,7 @@ import functools
 import io
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import BinaryIO
 
 import numpy as np
 
@@ -160,15 +161,16 @@ class _Sink:
 class AvStreamEncoder(BaseStreamEncoder):
     """mp3 / opus / aac / flac through one PyAV (FFmpeg) encoder and muxer for the whole stream."""
 
-    def __init__(self, fmt: str, input_rate: int, sample_rate: int, *, whole_file: bool = False):
+    def __init__(self, fmt: str, input_rate: int, sample_rate: int, *, out: BinaryIO | None = None):
+        """out: a whole file's seekable destination (muxers complete their headers at the end); None: a stream."""
         super().__init__(input_rate, sample_rate)
         av = _import_av()
         self.fmt = fmt
         self._spec = spec = _AV_SPECS[fmt]
-        self._whole_file = whole_file
+        self._whole_file = out is not None
         options = dict(spec.container_options)
-        if whole_file:
-            self._out: io.BytesIO | _Sink = io.BytesIO()  # seekable: muxers complete their headers at the end
+        if out is not None:
+            self._out: BinaryIO | _Sink = out
         else:
             self._out = _Sink()
             options["flush_packets"] = "1"
@@ -208,8 +210,6 @@ class AvStreamEncoder(BaseStreamEncoder):
             self._container.mux(self._stream.encode(None))  # drain the encoder
         finally:
             self._container.close()  # writes the trailer
-        if self._whole_file:
-            return self._out.getvalue()
         return self._take()
 
     def close(self) -> None:
@@ -222,20 +222,41 @@ class AvStreamEncoder(BaseStreamEncoder):
                 pass
 
 
-def _encoder(fmt: str, input_rate: int, sample_rate: int | None, whole_file: bool) -> StreamEncoder:
+def _encoder(fmt: str, input_rate: int, sample_rate: int | None, out: BinaryIO | None) -> StreamEncoder:
+    """A stream's encoder, or with `out` a whole file's, writing into `out` (seekable) as the bytes it returns are."""
     fmt = normalize_format(fmt)
     rate = output_sample_rate(fmt, sample_rate, input_rate)
     if fmt not in UNCOMPRESSED:
-        return AvStreamEncoder(fmt, input_rate, rate, whole_file=whole_file)
+        return AvStreamEncoder(fmt, input_rate, rate, out=out)
     if UNCOMPRESSED[fmt][1]:
-        return WavStreamEncoder(fmt, input_rate, rate, whole_file)
+        return WavStreamEncoder(fmt, input_rate, rate, out)
     return RawStreamEncoder(fmt, input_rate, rate)
 
 
 def create_stream_encoder(fmt: str, input_rate: int = SAMPLE_RATE, sample_rate: int | None = None) -> StreamEncoder:
     """A fresh :class:`StreamEncoder` for one streamed response in `fmt` at `sample_rate` (None: the format's
     default, :func:`output_sample_rate`); ValueError for an unknown format or a rate the format cannot carry."""
-    return _encoder(fmt, input_rate, sample_rate, whole_file=False)
+    return _encoder(fmt, input_rate, sample_rate, out=None)
+
+
+class AudioFileWriter:
+    """One whole `fmt` file written into the seekable `out` as its audio comes, chunk by chunk: the bytes
+    encode_audio gives for the audio joined, never holding the audio (a narration's file can spool to disk). Like a
+    StreamEncoder: one caller at a time; `close` after a failure."""
+
+    def __init__(self, out: BinaryIO, fmt: str, input_rate: int = SAMPLE_RATE, sample_rate: int | None = None) -> None:
+        self.out = out
+        self._encoder = _encoder(fmt, input_rate, sample_rate, out=out)
+        out.write(self._encoder.start())
+
+    def write(self, samples: np.ndarray) -> None:
+        self.out.write(self._encoder.encode(samples))
+
+    def finish(self) -> None:
+        self.out.write(self._encoder.finish())
+
+    def close(self) -> None:
+        self._encoder.close()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -251,9 +272,12 @@ def encode_audio(samples: np.ndarray, input_rate: int, fmt: str, sample_rate: in
     x = check_samples(samples)
     if x.size == 0:
         raise ValueError("cannot encode empty audio")
-    enc = _encoder(fmt, input_rate, sample_rate, whole_file=True)
+    out = io.BytesIO()
+    writer = AudioFileWriter(out, fmt, input_rate, sample_rate)
     try:
-        return enc.start() + enc.encode(x) + enc.finish()
+        writer.write(x)
+        writer.finish()
     except BaseException:
-        enc.close()
+        writer.close()
         raise
+    return out.getvalue()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -177,26 +177,24 @@ class RawStreamEncoder(BaseStreamEncoder):
 
 class WavStreamEncoder(RawStreamEncoder):
     """A WAV header, then the samples. Streamed, the header comes first with every size 0xFFFFFFFF; a whole file
-    (`whole_file`) is held until `finish`, whose header states the sizes."""
+    goes into the seekable `out` its bytes are written to, whose header `finish` rewrites with the sizes."""
 
-    def __init__(self, fmt: str, input_rate: int, sample_rate: int, whole_file: bool = False):
+    def __init__(self, fmt: str, input_rate: int, sample_rate: int, out: BinaryIO | None = None):
         super().__init__(fmt, input_rate, sample_rate)
-        self._whole_file = whole_file
-        self._body: list[bytes] = []
+        self._out = out
         self._samples = 0
 
     def _begin(self) -> bytes:
-        return b"" if self._whole_file else wav_header(self.sample_rate, None, self._coding)
+        return wav_header(self.sample_rate, None, self._coding)  # a whole file's sizes are written at the end
 
     def _encode(self, chunk: np.ndarray) -> bytes:
-        data = super()._encode(chunk)
-        if not self._whole_file:
-            return data
-        self._body.append(data)
         self._samples += chunk.size
-        return b""
+        return super()._encode(chunk)
 
     def _end(self) -> bytes:
-        if not self._whole_file:
-            return b""
-        return wav_header(self.sample_rate, self._samples, self._coding) + b"".join(self._body)
+        if self._out is not None:
+            end = self._out.tell()
+            self._out.seek(0)
+            self._out.write(wav_header(self.sample_rate, self._samples, self._coding))
+            self._out.seek(end)
+        return b""

@@ -92,7 +92,8 @@ class SupervisionSettings:
     (orchestrator/processes.py)."""
     startup_timeout: float = 300.0   # seconds a stage process may take to load (to report Ready)
     heartbeat_timeout: Seconds = setting(5.0, "seconds without a heartbeat before a stage counts as hung and the "
-                                              "pipeline restarts", flag="--stage-heartbeat-timeout")
+                                              "pipeline restarts (the forced aligner: it alone restarts)",
+                                         flag="--stage-heartbeat-timeout")
     step_timeout: float = 120.0      # seconds one loop iteration of a stage may take (a deadlocked step)
     # seconds the talker's connector may have every slot held with chunks waiting (slots lost, or code2wav not
     # reading) before the pipeline counts as hung and restarts (a restart gets the slots back)

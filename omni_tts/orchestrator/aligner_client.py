@@ -1,15 +1,19 @@
-"""The forced-aligner stage seen from the API process: spawn it, ask it for word times, restart it when it dies.
+"""The forced-aligner stage seen from the API process: spawn it, ask it for word times, restart it when it dies or
+hangs.
 
 It is supervised apart from the TTS pipeline, the same way (processes.py): the aligner is off the audio path, so its
-failure never fails a request. Alignments in flight when it exits (or that wait past `timeout_s`) end in
-`AlignerUnavailable`, which a response turns into `timestamps: null` with the reason; the process is started again
-after the pipeline's backoff, within the same load deadline, and given up on after as many restarts.
+failure never fails a request. It sends heartbeats as the stages do; one that exits, or sends none for the stages'
+heartbeat timeout (stopped, starved) or stays in one step past their step timeout, is killed if need be and started
+again after the pipeline's backoff, within the same load deadline, and given up on after as many restarts.
+Alignments in flight then (or that wait past `timeout_s`) end in `AlignerUnavailable`, which a response turns into
+`timestamps: null` with the reason; a span nobody waits for any more is dropped from the stage's queue.
 With placement `code2wav` the aligner is a thread of code2wav's process (the supervisor passes it `launch`): this
 client then watches that process (a pidfd) instead of spawning one, and the aligner comes back with the pipeline.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -28,13 +32,15 @@ from omni_tts.stages.messages import (
     AlignerEvent,
     AlignerLaunch,
     AlignSpan,
+    DropSpan,
+    Heartbeat,
     Ready,
     SpanAligned,
     Shutdown,
     StageFailed,
 )
 
-from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
+from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready, watch_hangs
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,7 @@ class AlignerClient:
         self._events_address = f"ipc://{self._ipc_dir}/events"
         self._command: zmq.asyncio.Socket | None = None
         self._stage: StageWatch | None = None       # its own process (placement process)
+        self._hang_watch: asyncio.Task | None = None
         self._restarts = Restarts("forced aligner", supervision)
         self._recovery: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None    # hosted: Ready from code2wav's thread
@@ -110,17 +117,27 @@ class AlignerClient:
             raise AlignerUnavailable(f"the aligner did not answer within {self.config.timeout_s:g} s") from None
         finally:
             self._pending.pop(key, None)
+            if future.cancelled() or not future.done():   # timed out (wait_for cancels it), or the caller gave up
+                self._drop(key)
 
     async def abort(self, request_id: str) -> None:
         """Drop the request's spans that wait in the stage (a client that left needs none)."""
         if self._command is not None and self.down_reason is None:
             await self._command.send(msgspec.msgpack.encode(Abort(request_id)))
 
+    def _drop(self, key: tuple[str, int]) -> None:
+        """The stage skips span `key` if it has not aligned it yet. Never waits: a stage that reads no commands
+        (stopped) has a full queue, and then it gets nothing, which its restart drops anyway."""
+        if self._command is None or self.down_reason is not None:
+            return
+        with contextlib.suppress(zmq.Again):
+            zmq.Socket.shadow(self._command.underlying).send(msgspec.msgpack.encode(DropSpan(*key)), zmq.NOBLOCK)
+
     async def shutdown(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for task in (self._recovery, self._reader):
+        for task in (self._recovery, self._reader, self._hang_watch):
             if task is not None:
                 task.cancel()
         self._unwatch_host()
@@ -143,12 +160,13 @@ class AlignerClient:
         self._stage = StageWatch("aligner", process)
         self._stage.watch_exit(self._on_exit)
         await wait_ready([self._stage], self.supervision.startup_timeout)
+        self._hang_watch = asyncio.create_task(watch_hangs(lambda: [self._stage], self.supervision, self._on_hung))
         self.down_reason = None
         logger.info("forced aligner ready (pid %d, %s)", process.pid, self.config.device)
 
     async def _stop(self) -> None:
-        """Its process ended (killed if need be: one that hangs while loading reads no command)."""
-        self._stage.unwatch()
+        """Its process ended (killed if need be: one that hangs while loading, or is stopped, reads no command)."""
+        self._unwatch()
         if self._stage.process.is_alive():
             self._stage.process.kill()
         await asyncio.to_thread(stop_process, self._stage.process)
@@ -193,6 +211,8 @@ class AlignerClient:
                         future.set_result(list(event.words))
                     else:
                         future.set_exception(AlignerUnavailable(event.error))
+            elif isinstance(event, Heartbeat):
+                self._stage.on_heartbeat(event.busy_seconds)   # only its own process sends them
             elif isinstance(event, Ready):
                 if not self.hosted:
                     self._stage.on_ready(event.pid)
@@ -217,16 +237,30 @@ class AlignerClient:
             ready.set_exception(RuntimeError(f"the forced aligner stage exited while loading: {why}"))
             ready.exception()  # retrieved: a start past its deadline waits no more
             return
+        self._stage_failed(f"exited ({why})")
+
+    def _on_hung(self, _: str, why: str) -> None:
+        self._stage_failed(f"is {why}")
+
+    def _stage_failed(self, what: str) -> None:
+        """It exited or hangs (`what` it did): what it owes ends with the reason, and it is stopped and started
+        again; its other watch is dropped, so a failure is handled once."""
         if self.closed:
             return
-        self.down_reason = f"the aligner stage exited ({why}); it is restarting"
-        logger.error("forced aligner stage exited (%s): pending alignments get no timestamps; restarting", why)
+        self._unwatch()
+        self.down_reason = f"the aligner stage {what}; it is restarting"
+        logger.error("forced aligner stage %s: pending alignments get no timestamps; restarting", what)
         self._fail_pending(self.down_reason)
-        self._recovery = asyncio.create_task(self._recover(why))
+        self._recovery = asyncio.create_task(self._recover(what))
 
-    async def _recover(self, why: str) -> None:
-        if not await self._restarts.restart(self._stop, self._spawn, f"the aligner stage {why}"):
+    async def _recover(self, what: str) -> None:
+        if not await self._restarts.restart(self._stop, self._spawn, f"the aligner stage {what}"):
             self.down_reason = f"the aligner failed for good: {self._restarts.fatal}"
+
+    def _unwatch(self) -> None:
+        self._stage.unwatch()
+        if self._hang_watch is not None:
+            self._hang_watch.cancel()
 
     def _fail_pending(self, reason: str) -> None:
         for future in self._pending.values():

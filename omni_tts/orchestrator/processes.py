@@ -1,8 +1,9 @@
 """Stage processes, the pipeline's (supervisor.py) and the forced aligner's (aligner_client.py), supervised one way:
 spawned with Ctrl+C held off (`spawn`), their Ready awaited within the load deadline (`wait_ready`), their exit seen
-at once, with the reason they reported (`StageWatch.watch_exit`), a ready one that sends no heartbeat or stays in
-one step too long counted as hung (`StageWatch.hung`), and what failed restarted with one backoff policy until it has
-restarted max_restarts times within restart_window (`Restarts`). The timeouts and limits are SupervisionSettings'."""
+at once, with the reason they reported or how they ended (`StageWatch.watch_exit`), a ready one that sends no
+heartbeat or stays in one step too long counted as hung (`StageWatch.hung`, watched by `watch_hangs`), and what failed
+restarted with one backoff policy until it has restarted max_restarts times within restart_window (`Restarts`). The
+timeouts and limits are SupervisionSettings'."""
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +11,17 @@ import collections
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from omni_tts.config import stage_environment
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.stages import bootstrap
+from omni_tts.stages.common import HEARTBEAT_INTERVAL
 
 from .types import StageDeadError
 
@@ -63,6 +66,7 @@ class StageWatch:
     heartbeat_at: float = field(default_factory=time.monotonic)
     busy_seconds: float = 0.0
     connector_stalled_seconds: float = 0.0   # as of its last heartbeat (the talker's connector)
+    pidfd: int | None = None                # while its exit is watched
     exit_wait: asyncio.Task | None = None   # after the process exited: waits for its report
 
     @property
@@ -99,25 +103,48 @@ class StageWatch:
 
     def watch_exit(self, on_exit: Callable[[str], None]) -> None:
         """Call `on_exit(why)` once the process has ended: the message of the StageFailed it sent before exiting,
-        else how it ended."""
+        else how it ended. Watched through a pidfd, readable once the exit status is there to collect (the
+        process's sentinel closes with its files, which a dying process that the scheduler preempts, niceness 10
+        on a busy machine, can do well before: its status was not there yet)."""
         loop = asyncio.get_running_loop()
 
         def exited() -> None:
-            loop.remove_reader(self.process.sentinel)
+            self._close_pidfd()
             self.exit_wait = loop.create_task(self._report_exit(on_exit))
-        loop.add_reader(self.process.sentinel, exited)
+        self.pidfd = os.pidfd_open(self.process.pid)
+        loop.add_reader(self.pidfd, exited)
 
     def unwatch(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.process.sentinel)
+        self._close_pidfd()
         if self.exit_wait is not None:
             self.exit_wait.cancel()
 
+    def _close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+
     async def _report_exit(self, on_exit: Callable[[str], None]) -> None:
         why = None
-        if (self.process.exitcode or 0) >= 0:  # killed by a signal, it reported nothing
+        if self.process.exitcode >= 0:  # killed by a signal, it reported nothing
             with contextlib.suppress(TimeoutError):
                 why = await asyncio.wait_for(asyncio.shield(self.reported), FAILURE_REPORT_GRACE)
-        on_exit(why or exit_description(self.process))  # by now its exit status is there to collect
+        on_exit(why or exit_description(self.process))
+
+
+async def watch_hangs(stages: Callable[[], Iterable[StageWatch]], supervision: SupervisionSettings,
+                      on_hung: Callable[[str, str], None]) -> None:
+    """Every heartbeat interval, the ready stages of `stages()`: the first one that is hung goes to
+    `on_hung(name, why)`, and the watch ends (what it watched is stopped and started again)."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+        now = time.monotonic()
+        for stage in stages():
+            why = stage.hung(supervision, now)
+            if why is not None:
+                on_hung(stage.name, why)
+                return
 
 
 async def wait_ready(stages: list[StageWatch], timeout: float) -> None:
@@ -167,10 +194,9 @@ class Restarts:
 
 
 def exit_description(process: multiprocessing.Process) -> str:
-    """How a stage process ended, for a failure reason: `exited with status N`, `killed by signal SIGKILL`."""
+    """How a stage process ended (its exit status collected), for a failure reason: `exited with status N`,
+    `killed by signal SIGKILL`."""
     code = process.exitcode
-    if code is None:  # its sentinel can close a moment before the exit status is there to collect
-        return f"process {process.pid} exited"
     if code < 0:
         return f"killed by signal {signal.Signals(-code).name}"
     return f"exited with status {code}"

@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,10 +30,9 @@ from omni_tts.config.settings import SupervisionSettings
 from omni_tts.connectors import cleanup_stale_blocks
 from omni_tts.connectors.kinds import ConnectorOwner, ConnectorSpec, create_owner
 from omni_tts.stages import code2wav_stage, fused_stage, talker_stage
-from omni_tts.stages.common import HEARTBEAT_INTERVAL
 from omni_tts.stages.messages import AlignerLaunch, Heartbeat, Shutdown, StageLaunch
 
-from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready
+from .processes import Restarts, StageWatch, spawn, stop_process, wait_ready, watch_hangs
 from .types import EngineShutDown, StageDeadError
 
 logger = logging.getLogger(__name__)
@@ -170,7 +168,9 @@ class StageSupervisor:
         self._events = self._ctx.socket(zmq.PULL)
         self._events.setsockopt(zmq.LINGER, 0)
         self._events.bind(self.event_address)
-        self._tasks = [asyncio.create_task(self._event_loop(self._events)), asyncio.create_task(self._watchdog())]
+        self._tasks = [asyncio.create_task(self._event_loop(self._events)),
+                       asyncio.create_task(watch_hangs(lambda: self.stages.values(), self.supervision,
+                                                     self._pipeline_failed))]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
         self.stages = {}
@@ -237,17 +237,6 @@ class StageSupervisor:
         # an exception here ends the task; _on_task_done turns that into a pipeline failure
         while True:
             self.on_event(await events.recv())
-
-    async def _watchdog(self) -> None:
-        """A ready stage that sends no heartbeat or stays in one loop iteration too long is hung."""
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
-            now = time.monotonic()
-            for stage in self.stages.values():
-                why = stage.hung(self.supervision, now)
-                if why is not None:
-                    self._pipeline_failed(stage.name, why)
-                    return
 
     def _on_task_done(self, task: asyncio.Task) -> None:
         if task.cancelled():

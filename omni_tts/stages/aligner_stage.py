@@ -1,10 +1,11 @@
 """The forced-aligner stage: word times of finished audio, batched across requests, off the audio path; a process of
 its own (`main`), or a thread of code2wav's process (`start_thread`, placement `code2wav`).
 
-Commands arrive on a PULL socket (AlignSpan, Abort, Shutdown); each loop takes every waiting span, up to
+Commands arrive on a PULL socket (AlignSpan, DropSpan, Abort, Shutdown); each loop takes every waiting span, up to
 `max_batch_size`, into one aligner call and answers each with a SpanAligned. A span the aligner cannot take
 (its batch raised) is retried alone, so one bad span fails only itself. The process runs below the TTS stages'
-priority: timestamps may trail, audio may not. A crash is reported (StageFailed) and the orchestrator restarts it.
+priority: timestamps may trail, audio may not. It sends heartbeats as the TTS stages do (stages/common.py), so a
+stopped or stuck aligner is found; a crash is reported (StageFailed); either way the orchestrator restarts it.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import traceback
 
 import msgspec
@@ -24,14 +26,13 @@ from omni_tts.config.threads import set_torch_threads
 from omni_tts.log import configure_logging
 from omni_tts.models.qwen3_forced_aligner.aligner import AlignItem, ForcedAligner
 
-from .common import fail_process, name_process
-from .messages import (Abort, AlignerCommand, AlignerLaunch, AlignSpan, Ready, SpanAligned, Shutdown,
+from .common import LOOP_CLOCKS, LoopClock, fail_process, name_process, start_heartbeats
+from .messages import (Abort, AlignerCommand, AlignerLaunch, AlignSpan, DropSpan, Ready, SpanAligned, Shutdown,
                        StageFailed)
 
 logger = logging.getLogger(__name__)
 
 ALIGNER_NICENESS = 10   # below the talker's 8 and code2wav's 5
-POLL_MS = 1000          # how often an idle stage checks that its parent is alive
 SIMILAR_LENGTH = 1.25   # clips batched together differ in length by at most this factor
 
 
@@ -44,11 +45,12 @@ def main(launch_bytes: bytes) -> None:
     if launch.device == "cpu":
         os.nice(ALIGNER_NICENESS)
     set_torch_threads(launch.threads)
+    start_heartbeats([launch])   # its thread also ends the process when the server is gone
     commands, events = _sockets(zmq.Context(), launch)
     try:
         aligner = ForcedAligner(launch.model_dir, launch.device, getattr(torch, launch.dtype))
         events.send(msgspec.msgpack.encode(Ready(launch.stage, os.getpid())))
-        _serve(aligner, launch, commands, events, os.getppid())
+        _serve(aligner, launch, commands, events)
         os._exit(0)
     except BaseException as e:
         fail_process(launch, e)
@@ -56,15 +58,16 @@ def main(launch_bytes: bytes) -> None:
 
 def start_thread(launch: AlignerLaunch) -> threading.Thread:
     """The aligner on a thread of the calling stage process (placement `code2wav`): its own sockets, the process's
-    device and torch threads. Its failure is reported (StageFailed "aligner") and ends only the thread: the stage's
-    audio goes on; the aligner comes back when the pipeline restarts the process."""
+    device and torch threads (the process's heartbeats are code2wav's: its hang is the pipeline's). Its failure is
+    reported (StageFailed "aligner") and ends only the thread: the stage's audio goes on; the aligner comes back when
+    the pipeline restarts the process."""
     def run() -> None:
         ctx = zmq.Context()
         commands, events = _sockets(ctx, launch)
         try:
             aligner = ForcedAligner(launch.model_dir, launch.device, getattr(torch, launch.dtype))
             events.send(msgspec.msgpack.encode(Ready(launch.stage, os.getpid())))
-            _serve(aligner, launch, commands, events, os.getppid())
+            _serve(aligner, launch, commands, events)
         except Exception as e:  # noqa: BLE001 - reported, and the thread ends
             logger.exception("aligner thread failed")
             events.send(msgspec.msgpack.encode(StageFailed(launch.stage, traceback.format_exc(),
@@ -86,22 +89,24 @@ def _sockets(ctx: zmq.Context, launch: AlignerLaunch) -> tuple[zmq.Socket, zmq.S
     return commands, events
 
 
-def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, events: zmq.Socket,
-           parent_pid: int) -> None:
+def _serve(aligner: ForcedAligner, launch: AlignerLaunch, commands: zmq.Socket, events: zmq.Socket) -> None:
     decoder, encoder = msgspec.msgpack.Decoder(AlignerCommand), msgspec.msgpack.Encoder()
+    clock = LOOP_CLOCKS.setdefault(launch.stage, LoopClock())   # what its heartbeats say: busy since when
     pending: collections.deque[AlignSpan] = collections.deque()
     while True:
-        if not pending and not commands.poll(POLL_MS):
-            if os.getppid() != parent_pid:
-                logger.error("aligner: the server process %d is gone; exiting", parent_pid)
-                return
-            continue
+        if not pending:
+            clock.busy_since = None
+            commands.poll()
+        clock.busy_since = time.monotonic()
         while commands.poll(0):
             command = decoder.decode(commands.recv())
             if isinstance(command, Shutdown):
                 return
             if isinstance(command, Abort):
                 pending = collections.deque(s for s in pending if s.request_id != command.request_id)
+            elif isinstance(command, DropSpan):
+                pending = collections.deque(s for s in pending
+                                            if (s.request_id, s.span) != (command.request_id, command.span))
             else:
                 pending.append(command)
         if not pending:  # an Abort took what was waiting

@@ -1,5 +1,5 @@
 """What the stage processes share: the control inbox thread, the heartbeat thread and the process main wrapper
-(the aligner stage takes only `name_process` and `fail_process`).
+(the aligner stage takes `name_process`, `fail_process` and the heartbeats, `start_heartbeats`).
 
 Failure model: any exception in the main loop or in a helper thread (control, connector) ends the process after a
 StageFailed event; the orchestrator restarts the pipeline. A stopped or stuck process is caught by its heartbeats
@@ -24,7 +24,7 @@ from omni_tts.connectors.base import ChunkWriterBase
 from omni_tts.connectors.shm_ring import cleanup_stale_blocks
 from omni_tts.log import configure_logging
 
-from .messages import Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
+from .messages import AlignerLaunch, Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,7 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     if cpu_stages:
         os.nice(min(CPU_STAGE_NICENESS[stage] for stage in cpu_stages))
     set_torch_threads(max(launch.threads for launch in launches))
-    for launch in launches:  # loading counts as busy (the orchestrator waits for Ready first)
-        LOOP_CLOCKS.setdefault(launch.stage, LoopClock()).busy_since = time.monotonic()
-    threading.Thread(target=_heartbeat_loop, args=(launches, os.getppid()), name="omni-tts-heartbeat",
-                     daemon=True).start()
+    start_heartbeats(launches)
     try:
         main(launches)
         # exit without interpreter teardown: the control thread is blocked in zmq recv, and terminating its
@@ -182,7 +179,16 @@ def name_process(name: str) -> None:
         pass
 
 
-def _heartbeat_loop(launches: list[StageLaunch], parent_pid: int) -> None:
+def start_heartbeats(launches: list[StageLaunch] | list[AlignerLaunch]) -> None:
+    """Heartbeats of the stages in `launches` (this process's) from a thread of their own, from now on; each stage's
+    loading counts as busy (its supervisor waits for Ready first)."""
+    for launch in launches:
+        LOOP_CLOCKS.setdefault(launch.stage, LoopClock()).busy_since = time.monotonic()
+    threading.Thread(target=_heartbeat_loop, args=(launches, os.getppid()), name="omni-tts-heartbeat",
+                     daemon=True).start()
+
+
+def _heartbeat_loop(launches: list[StageLaunch] | list[AlignerLaunch], parent_pid: int) -> None:
     """Heartbeats of every stage in the process, on a socket of its own (zmq sockets are single-threaded); exits the
     process when the parent dies, after removing the parent's shared memory and ipc files (nobody else is left to)."""
     ctx = zmq.Context(io_threads=1)

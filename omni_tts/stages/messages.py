@@ -77,7 +77,14 @@ class AlignSpan(msgspec.Struct, tag=True):
     sample_rate: int
 
 
-AlignerCommand = AlignSpan | Abort | Shutdown
+class DropSpan(msgspec.Struct, tag=True):
+    """The aligner stage: skip this span if it still waits; nobody waits for its words any more (its response
+    gave up on it, stopped waiting or ended)."""
+    request_id: str
+    span: int
+
+
+AlignerCommand = AlignSpan | DropSpan | Abort | Shutdown
 
 
 # --- stages → orchestrator -------------------------------------------------------------------------------------
@@ -200,7 +207,7 @@ class SpanAligned(msgspec.Struct, tag=True):
 
 
 StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | StageFailed | Heartbeat
-AlignerEvent = Ready | SpanAligned | StageFailed
+AlignerEvent = Ready | SpanAligned | StageFailed | Heartbeat
 
 
 class AlignerLaunch(msgspec.Struct):

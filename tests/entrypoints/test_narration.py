@@ -3,8 +3,12 @@ the concatenation of its segments spoken one by one plus the pauses; progress ev
 disconnect mid-way (an app in this process, whose state the test reads)."""
 import asyncio
 import base64
+import concurrent.futures
+import contextlib
 import io
 import json
+import os
+import tempfile
 import wave
 
 import av
@@ -13,7 +17,8 @@ import pytest
 
 from conftest import FIXTURES
 from server_util import ServerProcess, app_in_process, request
-from waiting import eventually_async
+from omni_tts.entrypoints.api.narrated_file import SPOOL_MEMORY_BYTES
+from waiting import eventually, eventually_async
 
 SENTENCE_PAUSE_MS, PARAGRAPH_PAUSE_MS = 200, 600
 GREEDY = {"voice": "ryan", "temperature": 0, "max_new_tokens": 3, "seed": 11,
@@ -295,3 +300,32 @@ def test_a_websocket_utterance_in_none_mode_is_narrated_as_over_http(server, nar
     starts = [e for e in events if e["type"] == "audio.start"]
     assert [e["sentence_text"] for e in starts] == [s["text"] for s in narrated["segments"]]
     assert events[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": len(done)}
+
+
+def test_a_narrated_file_is_spooled_not_held(server):
+    """A narration's whole file is encoded as its audio comes into a spool that goes to a temporary file past
+    SPOOL_MEMORY_BYTES: the server holds its window, not its audio (it once held the whole narration as float32,
+    twice). The file is the same as the streamed audio; the spool is gone with the response."""
+    text = book(3_000)
+    fields = dict(input=text, max_new_tokens=64, response_format="wav")
+
+    def spools() -> list[int]:
+        sizes = []
+        for fd in os.listdir(f"/proc/{server.proc.pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{server.proc.pid}/fd/{fd}")
+                if target.startswith(tempfile.gettempdir()) and target.endswith("(deleted)"):
+                    sizes.append(os.stat(f"/proc/{server.proc.pid}/fd/{fd}").st_size)
+        return sizes
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(speak, server, **fields)
+        eventually(lambda: any(size > SPOOL_MEMORY_BYTES for size in spools()) or answer.done(),
+                   what="the narration's file spooled to disk")
+        assert not answer.done()
+        status, headers, body = answer.result()
+    assert status == 200 and len(body) > SPOOL_MEMORY_BYTES
+    streamed = speak(server, **(fields | {"response_format": "pcm", "stream_format": "audio"}))[2]
+    with wave.open(io.BytesIO(body)) as w:
+        np.testing.assert_array_equal(pcm_samples(w.readframes(w.getnframes())), pcm_samples(streamed))
+    eventually(lambda: not any(size > SPOOL_MEMORY_BYTES for size in spools()), what="the spool closed")

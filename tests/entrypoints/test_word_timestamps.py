@@ -1,10 +1,13 @@
 """word_timestamps over real sockets: a server with the tiny forced aligner as its own stage process."""
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
 import signal
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import soundfile as sf
@@ -18,17 +21,35 @@ from waiting import RESTART_TIMEOUT, eventually
 
 ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
 TEXT = "Hello world, this is a test. The quick brown fox jumps over the lazy dog!"
-ALIGNER_TIMEOUT_S = 3
+# narrated (over 300 characters): 7 segments, the first sentence alone and then four a segment
+SENTENCES = [f"Sentence number {n} tells of the quiet river and the old mill." for n in range(24)]
+NARRATION = {"input": " ".join(SENTENCES), "voice": "vivian", "seed": 7, "temperature": 0, "max_new_tokens": 4,
+             "stream_format": "sse", "response_format": "pcm"}
+HEARTBEAT_TIMEOUT_S = 3
+
+
+def start_server(tmp_path_factory, *flags: str) -> ServerProcess:
+    """The tiny CustomVoice model and the tiny aligner; a segment the aligner holds is held until the aligner ends
+    (no timeout_s ends it)."""
+    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
+    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text()
+                    + "\naligner:\n  max_batch_size: 4\n  timeout_s: 3600\n")
+    return ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
+                         "--stage-config", str(yaml), *flags)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The tiny CustomVoice model and the tiny aligner; a segment the aligner holds for ALIGNER_TIMEOUT_S gets none."""
-    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
-    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text()
-                    + f"\naligner:\n  max_batch_size: 4\n  timeout_s: {ALIGNER_TIMEOUT_S}\n")
-    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--forced-aligner", str(ALIGNER),
-                           "--stage-config", str(yaml))
+    """A stopped aligner is never declared hung here: its holds last until a test ends them."""
+    server = start_server(tmp_path_factory, "--stage-heartbeat-timeout", "3600")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hang_server(tmp_path_factory):
+    """A stopped aligner (or stage) is declared hung after HEARTBEAT_TIMEOUT_S without a heartbeat."""
+    server = start_server(tmp_path_factory, "--stage-heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S))
     yield server
     server.stop()
 
@@ -164,28 +185,113 @@ def aligner_status(server) -> dict:
     return json.loads(request(server.url + "/health")[2])["aligner"]
 
 
-def test_a_stuck_or_killed_aligner_costs_timestamps_not_audio(server):
-    """Held by state: the aligner is stopped (SIGSTOP), so a segment waits in it; the request still gets its audio."""
+def aligner_restarted(server, pid: int) -> dict:
+    """/health's aligner once a process other than `pid` aligns."""
+    return eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, RESTART_TIMEOUT,
+                      "aligner restarted")
+
+
+def is_stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def is_gone(pid: int) -> bool:
+    """Ended and collected by its parent (a zombie keeps its /proc entry until then)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def end_stopped(pid: int) -> None:
+    """A stopped process that a test has not seen end is ended (a failed test leaves none behind)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+
+
+def sse_events(url: str, body: dict):
+    """The events of an SSE response, each as it arrives."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as response:
+        block = b""
+        for line in response:
+            if line.strip():
+                block += line
+            elif block:
+                yield parse_sse(block)[0]
+                block = b""
+
+
+def sse_pcm(events: list[dict]) -> bytes:
+    return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+
+
+def sentence_events(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "speech.audio.timestamps"]
+
+
+def test_sse_audio_never_waits_for_a_stopped_aligner(server):
+    """Held by state: the aligner is stopped (SIGSTOP) through a whole SSE narration, and nothing here ends that
+    (no heartbeat timeout, no timeout_s). All the audio comes while it stays stopped, the same as without timestamps;
+    the oldest segments' sentences come without words (given up: the aligner fell behind), the rest once the aligner
+    is killed, with the signal named; each sentence once, numbered as when the aligner answers."""
+    url = server.url + "/v1/audio/speech"
+    expected = sse_pcm(parse_sse(request(url, NARRATION)[2]))
     pid = aligner_status(server)["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
-        status, headers, body = speak(server, response_format="wav")   # waits ALIGNER_TIMEOUT_S, then answers
-        assert status == 200 and sf.info(io.BytesIO(body)).duration > 0
-        assert "x-word-timestamps" not in headers
-        assert f"within {ALIGNER_TIMEOUT_S} s" in headers["x-word-timestamps-unavailable"]
-    finally:
+        stream = sse_events(url, NARRATION | {"word_timestamps": True})
+        events, pcm = [], b""
+        for event in stream:   # up to its last audio: its end waits for the words it still owes
+            events.append(event)
+            if event["type"] == "speech.audio.delta":
+                pcm += base64.b64decode(event["audio"])
+                if len(pcm) >= len(expected):
+                    break
+        assert pcm == expected
+        assert is_stopped(pid) and aligner_status(server)["pid"] == pid   # the audio waited for nothing
+        assert sentence_events(events), "the oldest segments given up while the audio went on"
         os.kill(pid, signal.SIGKILL)
-        os.kill(pid, signal.SIGCONT)
-    status = eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid and s, RESTART_TIMEOUT,
-                        "aligner restarted")
-    assert status["pending"] == 0
-    status, headers, _ = speak(server, response_format="wav")
-    assert status == 200 and "x-word-timestamps" in headers
+        events += list(stream)
+    finally:
+        end_stopped(pid)
+    assert events[-1]["type"] == "speech.audio.done" and sse_pcm(events) == expected
+    assert len([e for e in events if e["type"] == "speech.segment.done"]) == 7
+    failed = sentence_events(events)
+    assert [(e["sentence_index"], e["text"]) for e in failed] == list(enumerate(SENTENCES))
+    assert all(e["words"] is None for e in failed)
+    why = ["behind" if "fell more than 4 segments behind" in e["reason"] else
+           "killed" if "exited (killed by signal SIGKILL)" in e["reason"] else e["reason"] for e in failed]
+    given_up = why.count("behind")
+    assert 0 < given_up < len(why) and why == ["behind"] * given_up + ["killed"] * (len(why) - given_up)
+    aligner_restarted(server, pid)
+    answered = sentence_events(parse_sse(request(url, NARRATION | {"word_timestamps": True})[2]))
+    assert [(e["sentence_index"], e["text"]) for e in answered] == list(enumerate(SENTENCES))
+    for event in answered:
+        assert [w["word"] for w in event["words"]] == split_words(event["text"], None)
+
+
+def test_after_an_aligner_failure_sse_keeps_one_event_per_sentence(server):
+    """The events of an alignment that failed are the ones the same request gets when it does not (one per sentence,
+    the same indexes and texts), each with the reason."""
+    _, _, body = speak(server, stream_format="sse", response_format="pcm")
+    answered = sentence_events(parse_sse(body))
+    assert len(answered) == 2 and all(e["words"] for e in answered)
+    expected = [(e["sentence_index"], e["text"]) for e in answered]
+    pid = aligner_status(server)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(speak, server, stream_format="sse", response_format="pcm")
+        eventually(lambda: aligner_status(server)["pending"] >= 1, what="the text waits in the aligner")
+        os.kill(pid, signal.SIGKILL)
+        status, _, body = answer.result()
+    assert status == 200
+    failed = sentence_events(parse_sse(body))
+    assert [(e["sentence_index"], e["text"]) for e in failed] == expected
+    assert all(e["words"] is None and "killed by signal SIGKILL" in e["reason"] for e in failed)
+    aligner_restarted(server, pid)
 
 
 def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
-    from concurrent.futures import ThreadPoolExecutor
-
     pid = aligner_status(server)["pid"]
     os.kill(pid, signal.SIGSTOP)
     with ThreadPoolExecutor(1) as pool:
@@ -195,9 +301,44 @@ def test_a_segment_in_flight_when_the_aligner_dies_ends_with_a_reason(server):
         status, _, body = answer.result()
     assert status == 200
     result = json.loads(body)
-    assert result["words"] is None and "exited" in result["timestamps_unavailable"]
+    assert result["words"] is None
+    assert result["timestamps_unavailable"] == "the aligner stage exited (killed by signal SIGKILL); it is restarting"
     assert sf.info(io.BytesIO(base64.b64decode(result["audio"]))).duration > 0
-    eventually(lambda: (s := aligner_status(server))["ready"] and s["pid"] != pid, RESTART_TIMEOUT, "aligner restarted")
+    status = aligner_restarted(server, pid)
+    assert status["pending"] == 0
+    status, headers, _ = speak(server, response_format="wav")
+    assert status == 200 and "x-word-timestamps" in headers
+
+
+def test_a_stopped_aligner_is_declared_hung_killed_and_restarted(hang_server):
+    """Held by state: the aligner is stopped (SIGSTOP) during an SSE narration. The audio all comes, the same as
+    without timestamps; missing its heartbeats for the heartbeat timeout, the aligner is declared hung (/health says
+    so while it is down), killed by the server and started again; the sentences it owed end with that reason, and
+    later requests get their words again."""
+    url = hang_server.url + "/v1/audio/speech"
+    expected = sse_pcm(parse_sse(request(url, NARRATION)[2]))
+    pid = aligner_status(hang_server)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(request, url, NARRATION | {"word_timestamps": True})
+            down = eventually(lambda: (s := aligner_status(hang_server))["reason"] and "hung" in s["reason"] and s,
+                              what="/health: the aligner hung")
+            status, _, body = answer.result()
+        assert not down["ready"] and down["reason"].startswith("the aligner stage is hung: no heartbeat for ")
+        eventually(lambda: is_gone(pid), what="the hung aligner killed")
+    finally:
+        end_stopped(pid)
+    assert status == 200
+    events = parse_sse(body)
+    assert events[-1]["type"] == "speech.audio.done" and sse_pcm(events) == expected
+    sentences = sentence_events(events)
+    assert [(e["sentence_index"], e["text"]) for e in sentences] == list(enumerate(SENTENCES))
+    assert any(e["words"] is None and "is hung: no heartbeat" in e["reason"] for e in sentences)
+    assert "forced aligner stage is hung: no heartbeat for" in hang_server.output()
+    aligner_restarted(hang_server, pid)
+    answered = sentence_events(parse_sse(request(url, NARRATION | {"word_timestamps": True})[2]))
+    assert all([w["word"] for w in e["words"]] == split_words(e["text"], None) for e in answered)
 
 
 def test_beside_code2wav_the_aligner_lives_and_restarts_with_its_process(tmp_path):

@@ -1,7 +1,8 @@
 """Stage-process supervision (orchestrator/processes.py), the one way the pipeline and the forced aligner are watched
 and restarted, with real processes: a load that hangs meets the load deadline, an exit is told by the stage's own
-report or else by how it ended, restarts back off and give up after max_restarts, and a restarted aligner that
-hangs while loading is killed and started again (it used to be waited for for ever)."""
+report or else by how it ended (the signal named even when the process's files close well before its end), restarts
+back off and give up after max_restarts, a restarted aligner that hangs while loading is killed and started again (it
+used to be waited for for ever), and a span the aligner does not answer within timeout_s gets no words."""
 import asyncio
 import dataclasses
 import json
@@ -11,14 +12,16 @@ import signal
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import environment_probe
 from conftest import FIXTURES
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.config.stage_config import AlignerStageConfig
-from omni_tts.orchestrator.aligner_client import AlignerClient
-from omni_tts.orchestrator.processes import Restarts, StageWatch, spawn, stop_process, wait_ready
+from omni_tts.orchestrator.aligner_client import AlignerClient, AlignerUnavailable
+from omni_tts.orchestrator.processes import (FAILURE_REPORT_GRACE, Restarts, StageWatch, spawn, stop_process,
+                                             wait_ready)
 from omni_tts.orchestrator.types import StageDeadError
 from waiting import RESTART_TIMEOUT, eventually_async
 
@@ -31,6 +34,15 @@ def alive(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def exit_slowly() -> None:
+    """Closes its files, its sentinel among them, well before it ends (by SIGKILL), as a dying process that the
+    scheduler preempts between the two does (the aligner, at niceness 10, killed on a busy machine): the delay
+    stands for that preemption, nobody waits on it."""
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    time.sleep(4 * FAILURE_REPORT_GRACE)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_the_backoff_doubles_from_none_up_to_its_cap():
@@ -68,6 +80,7 @@ def test_a_stage_sets_its_environment_itself_before_it_loads_torch(tmp_path, mon
 
 @pytest.mark.parametrize("target,args,report,why", [
     (time.sleep, (3600,), None, "killed by signal SIGKILL"),
+    (exit_slowly, (), None, "killed by signal SIGKILL"),   # it was "process N exited"
     (sys.exit, (3,), None, "exited with status 3"),
     (sys.exit, (1,), "RuntimeError: the stage's own words", "RuntimeError: the stage's own words"),
 ])
@@ -144,5 +157,25 @@ def test_a_restarted_aligner_that_hangs_while_loading_is_killed_and_started_agai
                                             RESTART_TIMEOUT, "the aligner back")
             assert status["pid"] not in (first, hung)
         finally:
+            await aligner.shutdown()
+    asyncio.run(main())
+
+
+def test_a_span_the_aligner_does_not_answer_within_timeout_s_gets_no_words():
+    async def main():
+        # no heartbeat timeout ends the hold: only timeout_s does
+        aligner = AlignerClient(str(ALIGNER), AlignerStageConfig(timeout_s=1.0),
+                                SupervisionSettings(heartbeat_timeout=3600.0))
+        await aligner.start()
+        pid = aligner.status()["pid"]
+        os.kill(pid, signal.SIGSTOP)   # held by state: it reads nothing
+        try:
+            with pytest.raises(AlignerUnavailable, match=r"^the aligner did not answer within 1 s$"):
+                await aligner.align("request", 0, np.zeros(24000, np.float32), 24000, "Hello world.", None)
+            assert aligner.status() == {"ready": True, "reason": None, "placement": "process", "pid": pid,
+                                        "pending": 0}
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
             await aligner.shutdown()
     asyncio.run(main())

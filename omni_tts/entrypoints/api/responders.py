@@ -22,7 +22,7 @@ from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 from .access_log import SPEECH_LOG, request_id
 from .errors import REQUEST_ERRORS, api_error
 from .state import ServerState
-from .word_times import SentenceTimestamps, align_narration, align_span, header_fields
+from .word_times import SentenceTimestamps, SpanWords, align_span, header_fields
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +35,14 @@ async def with_first(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> 
             yield chunk
 
 
-async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]
-                  ) -> tuple[list[np.ndarray], SpeechChunk, list[SegmentEnd]]:
-    """A request's audio, whole: its parts, its last chunk (which carries the usage) and, narrated, its segments."""
-    parts, last, ends = [], first, []
+async def collect(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> tuple[list[np.ndarray], SpeechChunk]:
+    """One request's audio, whole (bounded by the talker's length limit): its parts and its last chunk (which carries
+    the usage)."""
+    parts, last = [], first
     async for chunk in with_first(first, stream):
         parts.append(chunk.audio)
         last = chunk
-        if isinstance(chunk.segment, SegmentEnd):
-            ends.append(chunk.segment)
-    return parts, last, ends
+    return parts, last
 
 
 def segment_json(end: SegmentEnd) -> dict:
@@ -74,7 +72,7 @@ def _usage_headers(usage: dict) -> dict[str, str]:
     return headers
 
 
-def _record_usage(request: web.Request, state: ServerState, chunk: SpeechChunk, arrived: float) -> None:
+def record_request_usage(request: web.Request, state: ServerState, chunk: SpeechChunk, arrived: float) -> None:
     """An HTTP request's last audio: in its access-log line and the metrics."""
     request[SPEECH_LOG].audio_seconds = chunk.usage.audio_seconds
     record_usage(state, chunk, arrived)
@@ -123,36 +121,45 @@ async def encode_whole(state: ServerState, options: SpeechOptions, parts: list[n
 async def respond_whole(request: web.Request, state: ServerState, speech: SpeechRequest, first: SpeechChunk,
                         stream: AsyncIterator[SpeechChunk], arrived: float, headers: dict[str, str],
                         json_body: bool = False) -> web.Response:
-    """Nothing is sent before the last audio: an error meanwhile is the answer (error_middleware renders it).
-    json_body: one JSON object with the file in base64 (and the word times, asked or not)."""
-    parts, last, ends = await collect(first, stream)
-    _record_usage(request, state, last, arrived)
+    """One request's whole file (a narration's: narrated_file.py). Nothing is sent before the last audio: an error
+    meanwhile is the answer (error_middleware renders it). json_body: one JSON object with the file in base64 (and
+    the word times, asked or not)."""
+    parts, last = await collect(first, stream)
+    record_request_usage(request, state, last, arrived)
     samples = await state.run(delivered_audio, speech, parts)
     data = await state.run(encode_audio, samples, SAMPLE_RATE, speech.response_format, speech.sample_rate)
     words = None
     if speech.word_timestamps:
-        words = (await align_narration(state, request_id(request), samples, ends, speech.language) if ends else
-                 await align_span(state, request_id(request), 0, samples, speech.input, speech.language))
-    headers = headers | _usage_headers(usage_json(last)) | {
-        "x-omni-tts-finish-reason": last.usage.finish_reason,
-        "x-omni-tts-audio-seconds": f"{samples.shape[0] / SAMPLE_RATE:.3f}"}
-    if ends:
-        headers["x-omni-tts-segments"] = str(len(ends))
+        words = await align_span(state, request_id(request), 0, samples, speech.input, speech.language)
+    headers = headers | whole_file_headers(last, samples.shape[0] / SAMPLE_RATE, [])
     if json_body:
-        body = {"audio": (await state.run(base64.b64encode, data)).decode("ascii"),
-                "format": speech.response_format,
-                "sample_rate": output_sample_rate(speech.response_format, speech.sample_rate),
-                "usage": usage_json(last)}
-        if ends:
-            body["segments"] = [segment_json(end) for end in ends]
-        if words is not None:
-            body |= {"words": words.seconds_json(), "characters": words.characters_json()}
-            if words.reason is not None:
-                body["timestamps_unavailable"] = words.reason
-        return web.json_response(body, headers=headers)
+        body = {"audio": (await state.run(base64.b64encode, data)).decode("ascii")}
+        return web.json_response(body | whole_file_json(speech, last, [], words), headers=headers)
     if words is not None:
         headers |= header_fields(words)
     return web.Response(body=data, content_type=content_type(speech.response_format), headers=headers)
+
+
+def whole_file_headers(last: SpeechChunk, audio_seconds: float, ends: list[SegmentEnd]) -> dict[str, str]:
+    """A whole file's usage and outcome in headers (a narration's: its segments too)."""
+    headers = _usage_headers(usage_json(last)) | {"x-omni-tts-finish-reason": last.usage.finish_reason,
+                                                  "x-omni-tts-audio-seconds": f"{audio_seconds:.3f}"}
+    if ends:
+        headers["x-omni-tts-segments"] = str(len(ends))
+    return headers
+
+
+def whole_file_json(speech: SpeechRequest, last: SpeechChunk, ends: list[SegmentEnd], words: SpanWords | None) -> dict:
+    """A JSON whole file's fields but its `audio`."""
+    body = {"format": speech.response_format,
+            "sample_rate": output_sample_rate(speech.response_format, speech.sample_rate), "usage": usage_json(last)}
+    if ends:
+        body["segments"] = [segment_json(end) for end in ends]
+    if words is not None:
+        body |= {"words": words.seconds_json(), "characters": words.characters_json()}
+        if words.reason is not None:
+            body["timestamps_unavailable"] = words.reason
+    return body
 
 
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
@@ -171,7 +178,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
                 if chunk.audio.size:
                     await response.write(await encode_chunk(state, encoder, chunk.audio))
                 if chunk.usage is not None:
-                    _record_usage(request, state, chunk, arrived)
+                    record_request_usage(request, state, chunk, arrived)
         except REQUEST_ERRORS as e:
             # the status line went out long ago: end the connection without the chunked body's terminator, so the
             # client sees a truncated response instead of audio that merely stops (or a second response inside it)
@@ -226,7 +233,7 @@ async def respond_sse(request: web.Request, state: ServerState, speech: SpeechRe
                     if tail:
                         await send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode("ascii"),
                                     "response_format": speech.response_format})
-                    _record_usage(request, state, chunk, arrived)
+                    record_request_usage(request, state, chunk, arrived)
                     if timestamps is not None:
                         if not timestamps.num_spans:   # one request: its whole text
                             await timestamps.end(speech.input, 0.0)

@@ -16,6 +16,7 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, JSON_RESPONS
 
 from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
+from .narrated_file import respond_narrated_file
 from .narrated_speech import is_narrated, narration_plan, open_narration
 from .responders import respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
@@ -95,7 +96,8 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
         log.ttfp = time.monotonic() - arrived
         state.metrics.ttfp.observe(log.ttfp)
         if not speech.streaming:
-            respond = functools.partial(respond_whole, json_body=json_body)
+            respond = functools.partial(respond_whole if segments is None else respond_narrated_file,
+                                        json_body=json_body)
         elif speech.stream_format == "audio":
             respond = respond_audio_stream
         else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)

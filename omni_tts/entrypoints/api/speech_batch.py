@@ -116,7 +116,7 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
         with Admission(state) as admission:
             async with open_speech(state, speech, voice, f"{batch_id}-{index}", admission) as (first, stream):
                 state.metrics.ttfp.observe(time.monotonic() - arrived)
-                parts, last, _ = await collect(first, stream)
+                parts, last = await collect(first, stream)
         record_usage(state, last, arrived)
         data, seconds = await encode_whole(state, speech, parts)
         if len(data) > share:

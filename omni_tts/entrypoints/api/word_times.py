@@ -88,14 +88,18 @@ async def align_span(state: ServerState, request_id: str, span: int, audio: np.n
 
 
 def by_sentence(result: SpanWords, text: str, language: str | None) -> list[tuple[str, SpanWords]]:
-    """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them); the
-    whole text at once where they cannot be (no words, or Japanese, whose segmenter runs in the aligner only)."""
+    """A response's words cut into its sentences (each sentence's own words counted as the aligner counts them; a
+    sentence without words has none to time, and no part); the whole text at once where they cannot be (Japanese,
+    whose segmenter runs in the aligner only, or words that do not add up). Without words (`result` is the reason)
+    each sentence gets the reason, so a failure changes no sentence's index."""
     hint = language_hint(language)
-    if result.words is None or (hint or "").lower() == "japanese":
+    if (hint or "").lower() == "japanese":
         return [(text, result)]
     splitter = TextSplitter("sentence")
     sentences = [*splitter.feed(text), *splitter.flush()]
     counts = [len(split_words(sentence, hint)) for sentence in sentences]
+    if result.words is None:
+        return [(sentence, result) for sentence, count in zip(sentences, counts) if count]
     if sum(counts) != len(result.words):
         return [(text, result)]
     cuts = [0, *itertools.accumulate(counts)]
@@ -124,29 +128,54 @@ def _header_safe(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)[:512]
 
 
-MAX_PENDING_ALIGNMENTS = 4   # a narration's segments awaiting their words: beyond, the audio waits for the aligner
+MAX_PENDING_ALIGNMENTS = 4   # a response's segments awaiting their words: beyond, SSE gives up the oldest
 
 
-async def align_narration(state: ServerState, request_id: str, audio: np.ndarray, ends: list[SegmentEnd],
-                          language: str | None) -> SpanWords:
-    """A whole narration's words: each segment's audio aligned against its own text, times absolute in `audio`
-    (the aligner batches the segments in flight). None, with the first reason, if any segment got none."""
-    gate = asyncio.Semaphore(MAX_PENDING_ALIGNMENTS)
+class NarrationWords:
+    """A whole narration's words (a file, not a stream): each segment's audio aligned against its text as soon as the
+    segment ends (`feed` its audio, then `end`), times absolute across the narration. At most
+    MAX_PENDING_ALIGNMENTS segments hold their audio for the aligner: `end` waits for the oldest beyond (the file
+    waits for its words anyway; the narration's window holds its generation meanwhile). `result`: every segment's
+    words, or None with the first reason if a segment got none."""
 
-    async def one(end: SegmentEnd) -> SpanWords:
-        start = round(end.audio_offset * SAMPLE_RATE)
-        async with gate:
-            return await align_span(state, request_id, end.index,
-                                       audio[start:start + round(end.duration * SAMPLE_RATE)], end.text, language,
-                                       round(end.audio_offset * 1000))
-    results = await asyncio.gather(*(one(end) for end in ends))
-    failed = next((r for r in results if r.words is None), None)
-    return failed if failed is not None else SpanWords([w for r in results for w in r.words])
+    def __init__(self, state: ServerState, request_id: str, language: str | None) -> None:
+        self.state, self.request_id, self.language = state, request_id, language
+        self.parts: list[np.ndarray] = []
+        self.pending: collections.deque[asyncio.Task] = collections.deque()
+        self.done: list[SpanWords] = []
+
+    def feed(self, audio: np.ndarray) -> None:
+        self.parts.append(audio)
+
+    async def end(self, segment: SegmentEnd) -> None:
+        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        self.parts = []
+        self.pending.append(asyncio.ensure_future(align_span(
+            self.state, self.request_id, segment.index, audio, segment.text, self.language,
+            round(segment.audio_offset * 1000))))
+        while len(self.pending) > MAX_PENDING_ALIGNMENTS:
+            self.done.append(await self.pending.popleft())
+
+    async def result(self) -> SpanWords:
+        while self.pending:
+            self.done.append(await self.pending.popleft())
+        failed = next((r for r in self.done if r.words is None), None)
+        return failed if failed is not None else SpanWords([w for r in self.done for w in r.words])
+
+    def close(self) -> None:
+        """A response that ends early: its pending alignments are cancelled."""
+        for task in self.pending:
+            task.cancel()
 
 
 class SentenceTimestamps:
     """SSE: a `speech.audio.timestamps` event per sentence, each segment's audio aligned as soon as it is whole
-    (`end`) while the audio goes on, the events in order; a narration's times are absolute across it."""
+    (`end`) while the audio goes on, the events in order; a narration's times are absolute across it. The audio never
+    waits for them: with more than MAX_PENDING_ALIGNMENTS segments pending the oldest is given up (its sentences'
+    events carry FELL_BEHIND), so what a response holds stays bounded; only `flush`, after the last audio, waits."""
+
+    FELL_BEHIND = (f"the aligner fell more than {MAX_PENDING_ALIGNMENTS} segments behind the audio (slow, stopped or "
+                   "restarting); this segment's timestamps were given up")
 
     def __init__(self, state: ServerState, request_id: str, language: str | None,
                  send: Callable[[dict], Awaitable[None]]) -> None:
@@ -160,8 +189,8 @@ class SentenceTimestamps:
         self.parts.append(audio)
 
     async def end(self, text: str, audio_offset: float) -> None:
-        """The segment whose audio was fed since the last `end` is whole: align it (waits only when
-        MAX_PENDING_ALIGNMENTS are pending), and send what is ready."""
+        """The segment whose audio was fed since the last `end` is whole: align it, and send what is ready (and
+        what is given up) without waiting."""
         audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
         self.parts = []
         task = asyncio.create_task(align_span(self.state, self.request_id, self.num_spans, audio, text,
@@ -169,16 +198,19 @@ class SentenceTimestamps:
         self.pending.append((text, task))
         self.num_spans += 1
         while self.pending and (self.pending[0][1].done() or len(self.pending) > MAX_PENDING_ALIGNMENTS):
-            await self._send_first()
+            text, task = self.pending.popleft()
+            if not task.done():
+                task.cancel()   # the aligner drops it (AlignerClient.align)
+            await self._send(text, task.result() if task.done() else SpanWords(None, self.FELL_BEHIND))
 
     async def flush(self) -> None:
         while self.pending:
-            await self._send_first()
+            text, task = self.pending[0]
+            words = await task
+            self.pending.popleft()
+            await self._send(text, words)
 
-    async def _send_first(self) -> None:
-        text, task = self.pending[0]
-        words = await task
-        self.pending.popleft()
+    async def _send(self, text: str, words: SpanWords) -> None:
         for sentence, part in by_sentence(words, text, self.language):
             await self.send({"type": "speech.audio.timestamps", "sentence_index": self.sentence_index,
                              "text": sentence, "words": part.seconds_json()}
