@@ -3,7 +3,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from capacity_plan import Level, main, plan, streams_per_replica  # noqa: E402
