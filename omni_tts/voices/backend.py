@@ -15,8 +15,9 @@ encoder's x-vector, without audio (`add_embedding`). An implementation owes ever
 - names follow `validate_name` and are case-insensitive ("Fox" and "fox" are one voice; `voice_key` folds them),
   uploads pass `check_upload` (the same rules whatever keeps them), and refusals raise `VoiceError` with the
   statuses below;
-- `__contains__` is called on the event loop and must be cheap; every other method may block and is called in an
-  executor.
+- every method may block and is called in an executor (`__contains__`, `load` and `list` in the server's read pool,
+  which a writer waiting on a lock never holds up; `__contains__`, asked before a request is admitted, should be
+  quick).
 Another store (an object store such as S3) plugs in by implementing the protocol and being constructed where
 `ServerState` (api/state.py) builds the directory store. On an object store the version swap is a conditional put of
 the voice's metadata object (If-Match on the ETag read, If-None-Match for a new name), `load` revalidates a cached
@@ -118,7 +119,7 @@ class VoiceRecord:
 @runtime_checkable
 class VoiceStoreBackend(Protocol):
     """What the server asks of a voice store; the contract every implementation owes is the module docstring's
-    "Interface". Every method but `__contains__` may block: the server calls them in an executor."""
+    "Interface". Every method may block: the server calls them in an executor."""
 
     max_bytes: int  # the largest clip `add` takes: the server stops reading an upload's body past it
 
@@ -127,8 +128,8 @@ class VoiceStoreBackend(Protocol):
         ...
 
     def __contains__(self, name: object) -> bool:
-        """Whether a voice is called `name` (case-insensitive) now. Called on the event loop, so it must be cheap;
-        a hint only: `load` decides."""
+        """Whether a voice is called `name` (case-insensitive) now, quickly (asked before admission); a hint only:
+        `load` decides."""
         ...
 
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,

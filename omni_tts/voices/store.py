@@ -13,8 +13,8 @@ each call reads the directory again:
   bytes hold `created_at`, so they name the version exactly, where an mtime has the file system's timestamp
   granularity and inode numbers are reused; and an open makes an NFS client revalidate with the server
   (close-to-open), where a stat may answer from its attribute cache.
-- `in` is one stat of the voice's meta.json (it runs on the event loop, before admission); a hint only: `load`
-  decides, and a voice deleted in between is answered as unknown, as it would have been a moment later.
+- `in` is one stat of the voice's meta.json (the server asks it in its read pool, before admission); a hint only:
+  `load` decides, and a voice deleted in between is answered as unknown, as it would have been a moment later.
 - `list` (and `len`) read every voice's meta.json and parse the changed ones: N small reads and no TTL, so a
   listing is never stale. Blocking.
 - `add` and `delete` take an exclusive `flock` on `.lock`, one writer at a time across all replicas, held while
@@ -185,7 +185,7 @@ class VoiceStore:
         return len(self._scan())
 
     def __contains__(self, name: object) -> bool:
-        """Whether a voice is called `name` (case-insensitive): one stat, fine on the event loop."""
+        """Whether a voice is called `name` (case-insensitive): one stat (a hang on NFS holds a pool thread only)."""
         key = voice_key(name)
         return key is not None and os.path.isfile(self._meta_path(key))
 

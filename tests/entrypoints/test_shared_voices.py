@@ -1,6 +1,7 @@
 """Replicas sharing one voices dir (voices/store.py): each replica is a VoiceStore of its own on the same directory —
 in this process, where its lock and index are still its own, or in real processes racing each other. The HTTP
 side (two servers on one dir) is in test_server.py, beside the server it reuses."""
+import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -225,3 +227,34 @@ def test_uploads_waiting_on_the_lock_are_bounded_and_hold_up_no_speech(base_serv
     for i in range(12):
         request(base_server.url + f"/v1/audio/voices/waiting-{i}", method="DELETE")
     request(base_server.url + "/v1/audio/voices/held-up-speaker", method="DELETE")
+
+
+class _SlowDisk:
+    """A voice store on a file system whose lookups hang (an NFS server gone quiet) until `answer` is set."""
+
+    def __init__(self) -> None:
+        self.answer, self.asked = threading.Event(), threading.Event()
+
+    def __contains__(self, name: object) -> bool:
+        self.asked.set()
+        self.answer.wait(10)
+        return False
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_voice_lookup_that_hangs_holds_a_pool_thread_not_the_event_loop(in_process_app, monkeypatch):
+    """Whether a request's voice is an uploaded one is asked of the store in its read pool: while the store's lookup
+    hangs, the server answers /health (the lookup ran on the event loop, stalling every connection with it)."""
+    import aiohttp
+
+    url, state = in_process_app
+    disk = _SlowDisk()
+    monkeypatch.setattr(state, "voices", disk)
+    async with aiohttp.ClientSession() as http:
+        speech = asyncio.ensure_future(http.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "someone"}))
+        await asyncio.get_running_loop().run_in_executor(None, disk.asked.wait, 30)
+        async with http.get(url + "/health") as health:
+            assert health.status == 200 and not disk.answer.is_set()   # answered while the lookup hangs
+        disk.answer.set()
+        async with await speech as answer:
+            assert answer.status == 400   # a CustomVoice model: no speaker 'someone'

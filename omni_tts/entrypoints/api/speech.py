@@ -59,7 +59,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         if speech.streaming:
             raise ApiError(400, "response_format 'json' is a whole response: it cannot stream", "response_format")
         speech = msgspec.structs.replace(speech, response_format="wav")   # the audio inside the JSON
-    voice = check_speech(state, speech)
+    voice = await check_speech(state, speech)
     check_word_timestamps(state, speech, speech.streaming and speech.stream_format == "audio")
     headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
     if ignored:

@@ -2,7 +2,8 @@
 
 The body is `{"items": [...], ...defaults}`: each item is a /v1/audio/speech body; every other field of the batch
 (any speech field but `input`) is a default that an item's own field overrides (`speaker` and `voice` count as one
-field). An item is checked exactly as a request to /v1/audio/speech is (`schema.decode_speech_options`,
+field); `response_format` defaults to wav, as vllm-omni's batch route has it (OpenAI has none). An item is checked
+exactly as a request to /v1/audio/speech is (`schema.decode_speech_options`,
 `synthesis.check_speech`), takes its own admission slot, and runs concurrently with the others; it asks for a
 whole file (`stream: true` or a `stream_format` fails it). One item's failure is its own: its result carries the
 status code and error envelope /v1/audio/speech would have answered, and the batch is still 200. Only a malformed
@@ -61,6 +62,7 @@ def decode_batch(body: bytes, strict: bool) -> tuple[SpeechBatchRequest, dict[st
             raise ApiError(400, f"'{name}' is not a field of a batch: {why}", name)
     raw = decode_json(body, dict[str, msgspec.Raw])
     defaults = {name: value for name, value in raw.items() if name != "items" and name not in ignored}
+    defaults.setdefault("response_format", msgspec.Raw(msgspec.json.encode(batch.response_format)))  # the batch's
     return batch, defaults, ignored
 
 
@@ -108,7 +110,7 @@ async def _item(state: ServerState, batch_id: str, index: int, body: bytes, arri
         if speech.word_timestamps or speech.response_format == JSON_RESPONSE:
             raise ApiError(400, "the batch route answers files without word times; ask POST /v1/audio/speech",
                            "word_timestamps" if speech.word_timestamps else "response_format")
-        voice = check_speech(state, speech)
+        voice = await check_speech(state, speech)
         if is_narrated(speech, await narration_plan(state, speech, speech.input)):
             raise ApiError(400, f"the batch route speaks one segment per item (at most {state.config.segment_chars} "
                                 "characters within the talker's limits); narrate a longer input with POST "

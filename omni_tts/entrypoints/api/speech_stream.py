@@ -214,7 +214,7 @@ class SpeechSession:
         if config.streaming_mode is not None and config.split_granularity != "token":
             raise ApiError(400, f"streaming_mode {config.streaming_mode} makes one request of an utterance: "
                                 f"split_granularity must be token (the default)", "streaming_mode")
-        voice = check_speech_request(self.state, config)
+        voice = await check_speech_request(self.state, config)
         check_word_timestamps(self.state, config, raw_audio_stream=False)
         if config.ref_audio is None and voice.uploaded is None:
             self.template, self.voice_version = await build_synthesis_request(self.state, config, voice, "")

@@ -38,9 +38,10 @@ def check_model(state: ServerState, model: str | None) -> None:
                             f"{', '.join(state.config.model_names)}", "model", "model_not_found")
 
 
-def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
+async def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
     """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
-    the fields this checkpoint cannot take."""
+    the fields this checkpoint cannot take. Whether the voice is an uploaded one is asked of the store in its read
+    pool: a file system's stat may hang (NFS), never the event loop."""
     check_model(state, speech.model)
     config = state.tts.config
     if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
@@ -55,11 +56,12 @@ def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoi
             raise ApiError(400, str(e), e.param) from None
     reference = ("ref_audio" if speech.ref_audio is not None else
                  "speaker_embedding" if speech.speaker_embedding is not None else None)
-    voices = state.voices
-    return state.voice_names.choose(speech.voice_name, reference, lambda name: voices is not None and name in voices)
+    name, voices = speech.voice_name, state.voices
+    uploaded = voices is not None and name is not None and await state.run_voices(voices.__contains__, name)
+    return state.voice_names.choose(name, reference, lambda _: uploaded)
 
 
-def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
+async def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
     """Every check of a /v1/audio/speech body before admission (each item of the batch route's too)."""
     check_output(speech, speech.streaming)
     if not speech.input.strip():
@@ -67,7 +69,7 @@ def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
     if len(speech.input) > state.config.max_input_chars:
         raise ApiError(400, f"input is {len(speech.input)} characters; this server takes at most "
                             f"{state.config.max_input_chars} (--max-input-chars)", "input")
-    return check_speech_request(state, speech)
+    return await check_speech_request(state, speech)
 
 
 async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voice: VoiceChoice,
