@@ -28,6 +28,7 @@ from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.types import RequestFailed, RequestTimedOut, StageDeadError
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
+from omni_tts.stages.messages import Register
 from server_util import ServerProcess, stage_pids
 from waiting import RESTART_TIMEOUT, SHARED_PIPELINE, eventually, eventually_async
 
@@ -229,20 +230,21 @@ async def test_codes_out_of_range_fail_one_request_not_the_stage(engine):
     """A chunk whose codes the decoder cannot look up (as fuzzing once produced) fails its own request with a clear
     error; the requests batched beside it finish, and no stage dies or restarts."""
     pids, restarts = engine.stage_pids(), engine.restarts.copy()
-    victim = HeldRequest(engine, "victim")
     others = await hold(engine, 2)
-    await asyncio.wait_for(victim.started.wait(), 60)
+    victim = engine.client.add("victim", 0)   # its chunks are forged: its first one holds the bad codes
+    await engine.client.send(victim, "code2wav", Register("victim"))
     # the ring hands its slots out in order and these short requests used a few: its last one, which the forged
     # chunk takes, is free on both sides; the talker is held still so that it stays so
     assert (await engine.stats())["code2wav"].connector_chunks < engine.connector_spec.num_slots // 2
     os.kill(pids["talker"], signal.SIGSTOP)
     try:
         forge_chunk(engine, "victim", np.full((4, 16), 4096, np.int32))
-        with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk \d+ \(generated\): "
+        with pytest.raises(RequestFailed, match=r"code2wav cannot decode its codes: chunk 0 \(generated\): "
                            r"codes in \[4096, 4096\]"):
-            await asyncio.wait_for(victim.task, 30)
+            await asyncio.wait_for(anext(engine.client.outputs(victim)), 30)
     finally:
         os.kill(pids["talker"], signal.SIGCONT)
+    await engine.client.release(victim)
     for other in others:
         await other.finish()
     for audio in await asyncio.wait_for(asyncio.gather(*(h.task for h in others)), 60):
