@@ -112,12 +112,12 @@ MAX_BATCH_ITEMS = 32
 MAX_BATCH_AUDIO_BYTES = 64 * 2**20   # a batch's files together, before base64; each item gets an equal share
 
 
-class SpeechBatchRequest(SpeechOptions):
+class SpeechBatchRequest(SpeechOptions, kw_only=True):
     """POST /v1/audio/speech/batch: `items`, each a /v1/audio/speech body that asks for a whole file; the other
     fields are defaults that an item's own fields override; response_format is wav by default, as vllm-omni's batch
     route has it (OpenAI has none)."""
-    items: Annotated[list[dict[str, msgspec.Raw]], msgspec.Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
     response_format: ResponseFormat = "wav"
+    items: Annotated[list[dict[str, msgspec.Raw]], msgspec.Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
 
 
 # --- WS /v1/audio/speech/stream: client messages (vllm-omni's protocol) ---------------------------------------
