@@ -291,8 +291,8 @@ class SpeechSession:
         if progressive is not None:
             self.timestamps.add_progressive(progressive, sentence_text())
         elif self.timestamps is not None:
-            self.timestamps.add(self.utterance_index, sentence_index, delivered_audio(config, spoken),
-                                sentence_text())
+            self.timestamps.add(self.utterance_index, sentence_index,
+                                await self.state.run(delivered_audio, config, spoken), sentence_text())
 
 
 def check_text_length(text: str) -> None:
