@@ -198,12 +198,23 @@ def test_a_connector_out_of_slots_restarts_the_pipeline():
     data["connector"]["ring_slots"] = 4
     config = stage_config_from_dict(data, "cpu_tiny with 4 ring slots")
 
+    fillers = []
+
     def stop(engine):
         os.kill(engine.stage_pids()["code2wav"], signal.SIGSTOP)
+        # the held requests may have made all the chunks their text allows: these run to the model's length limit,
+        # chunk after chunk, whatever their timing
+        fillers.extend(asyncio.ensure_future(collect(engine, SynthesisRequest(text=RUNS_TO_ITS_LIMIT, voice="ryan",
+                                                                                sampling=GREEDY)))
+                       for _ in range(2))
         return "talker"
-    asyncio.run(fault_then_recover_alone(
-        stop, "hung: its connector has had no free slot", config,
-        supervision=SupervisionSettings(heartbeat_timeout=3600.0, connector_stall_timeout=1.0)))
+
+    async def main():
+        await fault_then_recover_alone(
+            stop, "hung: its connector has had no free slot", config,
+            supervision=SupervisionSettings(heartbeat_timeout=3600.0, connector_stall_timeout=1.0))
+        assert all(isinstance(r, StageDeadError) for r in await asyncio.gather(*fillers, return_exceptions=True))
+    asyncio.run(main())
 
 
 @pytest.mark.asyncio(loop_scope="module")
