@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from server_util import ServerProcess, app_in_process, request
+from server_util import app_in_process, request
 from omni_tts.entrypoints.api.narrated_file import SPOOL_MEMORY_BYTES
 from waiting import eventually, eventually_async
 
@@ -47,10 +47,9 @@ TEXT = book(30_000)
 
 
 @pytest.fixture(scope="module")
-def server():
-    server = ServerProcess("--forced-aligner", "none")
-    yield server
-    server.stop()
+def server(cv_server):
+    """The session's tiny-custom-voice server: narration needs no flags of its own."""
+    return cv_server
 
 
 def speak(server, **fields) -> tuple[int, dict, bytes]:
