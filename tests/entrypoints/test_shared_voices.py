@@ -222,8 +222,13 @@ def test_uploads_waiting_on_the_lock_are_bounded_and_hold_up_no_speech(base_serv
             status, _, listing = request(base_server.url + "/v1/audio/voices")
             assert status == 200 and "held-up-speaker" in json.loads(listing)["voices"]
             assert sum(u.done() for u in uploads) == 4  # the admitted ones still wait for the lock
-        statuses = sorted(u.result()[0] for u in uploads)
-    assert statuses == [200] * 8 + [429] * 4
+        answers = [u.result() for u in uploads]
+    # the admitted ones end once the lock is free, or, on a machine slow enough that the lock outlived a writer's
+    # 10 s wait, with a 503 that says to retry: bounded either way
+    admitted = [(status, body) for status, body in answers if status != 429]
+    assert len(admitted) == 8 and all(status == 200 or (status == 503 and b"busy" in body)
+                                      for status, body in admitted), admitted
+    assert any(status == 200 for status, _ in admitted)   # those that waited after the lock was freed got in
     for i in range(12):
         request(base_server.url + f"/v1/audio/voices/waiting-{i}", method="DELETE")
     request(base_server.url + "/v1/audio/voices/held-up-speaker", method="DELETE")
