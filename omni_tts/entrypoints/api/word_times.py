@@ -131,7 +131,25 @@ def _header_safe(text: str) -> str:
 MAX_PENDING_ALIGNMENTS = 4   # a response's segments awaiting their words: beyond, SSE gives up the oldest
 
 
-class NarrationWords:
+class _SegmentAligner:
+    """The audio of the segment in progress, fed as it goes out, and its alignment started once the segment ends."""
+
+    def __init__(self, state: ServerState, request_id: str, language: str | None) -> None:
+        self.state, self.request_id, self.language = state, request_id, language
+        self.parts: list[np.ndarray] = []
+
+    def feed(self, audio: np.ndarray) -> None:
+        self.parts.append(audio)
+
+    def _align(self, span: int, text: str, audio_offset: float) -> asyncio.Task:
+        """The fed audio's words, aligned against `text` on a task of their own; times from `audio_offset`."""
+        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        self.parts = []
+        return asyncio.ensure_future(align_span(self.state, self.request_id, span, audio, text, self.language,
+                                                round(audio_offset * 1000)))
+
+
+class NarrationWords(_SegmentAligner):
     """A whole narration's words (a file, not a stream): each segment's audio aligned against its text as soon as the
     segment ends (`feed` its audio, then `end`), times absolute across the narration. At most
     MAX_PENDING_ALIGNMENTS segments hold their audio for the aligner: `end` waits for the oldest beyond (the file
@@ -139,20 +157,12 @@ class NarrationWords:
     words, or None with the first reason if a segment got none."""
 
     def __init__(self, state: ServerState, request_id: str, language: str | None) -> None:
-        self.state, self.request_id, self.language = state, request_id, language
-        self.parts: list[np.ndarray] = []
+        super().__init__(state, request_id, language)
         self.pending: collections.deque[asyncio.Task] = collections.deque()
         self.done: list[SpanWords] = []
 
-    def feed(self, audio: np.ndarray) -> None:
-        self.parts.append(audio)
-
     async def end(self, segment: SegmentEnd) -> None:
-        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
-        self.parts = []
-        self.pending.append(asyncio.ensure_future(align_span(
-            self.state, self.request_id, segment.index, audio, segment.text, self.language,
-            round(segment.audio_offset * 1000))))
+        self.pending.append(self._align(segment.index, segment.text, segment.audio_offset))
         while len(self.pending) > MAX_PENDING_ALIGNMENTS:
             self.done.append(await self.pending.popleft())
 
@@ -168,7 +178,7 @@ class NarrationWords:
             task.cancel()
 
 
-class SentenceTimestamps:
+class SentenceTimestamps(_SegmentAligner):
     """SSE: a `speech.audio.timestamps` event per sentence, each segment's audio aligned as soon as it is whole
     (`end`) while the audio goes on, the events in order; a narration's times are absolute across it. The audio never
     waits for them: with more than MAX_PENDING_ALIGNMENTS segments pending the oldest is given up (its sentences'
@@ -179,23 +189,16 @@ class SentenceTimestamps:
 
     def __init__(self, state: ServerState, request_id: str, language: str | None,
                  send: Callable[[dict], Awaitable[None]]) -> None:
-        self.state, self.request_id, self.language, self.send = state, request_id, language, send
-        self.parts: list[np.ndarray] = []
+        super().__init__(state, request_id, language)
+        self.send = send
         self.pending: collections.deque[tuple[str, asyncio.Task]] = collections.deque()
         self.num_spans = 0
         self.sentence_index = 0
 
-    def feed(self, audio: np.ndarray) -> None:
-        self.parts.append(audio)
-
     async def end(self, text: str, audio_offset: float) -> None:
         """The segment whose audio was fed since the last `end` is whole: align it, and send what is ready (and
         what is given up) without waiting."""
-        audio = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
-        self.parts = []
-        task = asyncio.create_task(align_span(self.state, self.request_id, self.num_spans, audio, text,
-                                              self.language, round(audio_offset * 1000)))
-        self.pending.append((text, task))
+        self.pending.append((text, self._align(self.num_spans, text, audio_offset)))
         self.num_spans += 1
         while self.pending and (self.pending[0][1].done() or len(self.pending) > MAX_PENDING_ALIGNMENTS):
             text, task = self.pending.popleft()
