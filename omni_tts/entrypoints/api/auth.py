@@ -20,10 +20,13 @@ WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
 
 
 def presented_api_key(request: web.Request) -> bytes | None:
-    """The key a request presents: `Authorization: Bearer <key>`, or on the WebSocket route the key subprotocol."""
+    """The key a request presents: `Authorization: Bearer <key>`, ElevenLabs' `xi-api-key` header, or on the
+    WebSocket route the key subprotocol."""
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         return given.strip().encode("utf-8", "surrogateescape")
+    if "xi-api-key" in request.headers:
+        return request.headers["xi-api-key"].strip().encode("utf-8", "surrogateescape")
     if request.path != SPEECH_STREAM_PATH:
         return None
     offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]

@@ -1,9 +1,11 @@
-"""How an error reaches a client: `api_error` decides, once, the status and OpenAI envelope of every error that
-ends a request (the pipeline's and the API's own), for the HTTP responders and the WebSocket's error events alike;
-`error_middleware` renders whatever a handler raises."""
+"""How an error reaches a client: `api_error` decides, once, the status and message of every error that ends a
+request (the pipeline's and the API's own), for the HTTP responders and the WebSocket's error events alike;
+`error_middleware` renders whatever a handler raises, in the body shape of the API the path belongs to
+(`error_body`: OpenAI's envelope, ElevenLabs' `detail`, DashScope's `code`/`message`/`request_id`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -11,6 +13,8 @@ from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.orchestrator.types import (PIPELINE_ERRORS, PipelineError, RequestError, RequestFailed, RequestTimedOut,
                                          StageDeadError)
+
+from .access_log import request_id
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +51,41 @@ def unavailable_message(tts: TTSClient) -> str:
     return "the pipeline is not running"
 
 
-def error_response(error: ApiError) -> web.Response:
+def elevenlabs_body(error: ApiError, request_id: str) -> dict:
+    """ElevenLabs' error body (its SDK raises ApiError(status, body) with it)."""
+    return {"detail": {"status": error.code, "message": error.message, "param": error.param,
+                       "request_id": request_id}}
+
+
+# DashScope's error codes by status (its SDK reads `code` and `message`)
+DASHSCOPE_CODES = {400: "InvalidParameter", 401: "InvalidApiKey", 404: "NotFound", 413: "InvalidParameter",
+                   429: "Throttling", 503: "ServiceUnavailable"}
+
+
+def dashscope_body(error: ApiError, request_id: str) -> dict:
+    return {"code": DASHSCOPE_CODES.get(error.status, "InternalError" if error.status >= 500 else "InvalidParameter"),
+            "message": error.message, "request_id": request_id}
+
+
+# path prefix → the body of its API's errors; any other path answers OpenAI's envelope
+ERROR_BODIES: tuple[tuple[str, Callable[[ApiError, str], dict]], ...] = (
+    ("/v1/text-to-speech/", elevenlabs_body), ("/v1/voices", elevenlabs_body), ("/v2/voices", elevenlabs_body),
+    ("/v1/pronunciation-dictionaries", elevenlabs_body), ("/api/v1/services/", dashscope_body))
+
+
+def error_body(error: ApiError, path: str = "", request_id: str = "") -> dict:
+    """`error` as the API that serves `path` shapes its errors."""
+    for prefix, body in ERROR_BODIES:
+        if path.startswith(prefix):
+            return body(error, request_id)
+    return error.body()
+
+
+def error_response(error: ApiError, request: web.BaseRequest | None = None) -> web.Response:
+    """`error` as its status and body (in the shape of `request`'s API)."""
     headers = {"Retry-After": "1"} if error.status in (429, 503) else None
-    response = web.json_response(error.body(), status=error.status, headers=headers)
+    body = error.body() if request is None else error_body(error, request.path, request_id(request))
+    response = web.json_response(body, status=error.status, headers=headers)
     if error.status in (408, 413):  # the body was not read to its end: the connection cannot carry another request
         response.force_close()
     return response
@@ -61,18 +97,19 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except REQUEST_ERRORS as e:
-        return error_response(api_error(e))
+        return error_response(api_error(e), request)
     except web.HTTPMethodNotAllowed as e:
         response = error_response(ApiError(405, f"{request.method} is not allowed on {request.path}; allowed: "
-                                                f"{', '.join(sorted(e.allowed_methods))}", code="method_not_allowed"))
+                                                f"{', '.join(sorted(e.allowed_methods))}", code="method_not_allowed"),
+                                  request)
         response.headers["Allow"] = e.headers["Allow"]
         return response
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
-            return error_response(ApiError(e.status, e.reason))
+            return error_response(ApiError(e.status, e.reason), request)
         raise
     except ConnectionResetError:
         raise
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(ApiError(500, "internal server error; see the server log"))
+        return error_response(ApiError(500, "internal server error; see the server log"), request)

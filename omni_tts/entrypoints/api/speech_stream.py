@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 from aiohttp import WSMsgType, web
 
 from omni_tts.audio.encoding import create_stream_encoder, output_sample_rate
-from omni_tts.entrypoints.api.schema import (MAX_TEXT_CHARS, ApiError, ClientMessage, InputCommit, InputDone, InputText,
+from omni_tts.entrypoints.api.schema import (ApiError, ClientMessage, InputCommit, InputDone, InputText,
                                            MessageType, SessionClose, SessionConfig, decode_json,
                                            decode_speech_options, describe_fields)
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
@@ -37,6 +37,7 @@ from .client_messages import ClientMessages
 from .errors import REQUEST_ERRORS, api_error
 from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
+from .speech_turn import TEXT_IDLE_MARGIN_S, check_text_length
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
 from .word_times import ProgressiveTimestamps, TrailingTimestamps, align_span, check_word_timestamps
@@ -47,9 +48,6 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_MESSAGE_BYTES = 128 * 2**10
 CONFIG_TIMEOUT = 10.0
 MAX_CONFIGS = 16   # session.config messages per connection: each may fetch and decode a reference clip
-# the pipeline's own wait for more text outlasts the session's wait for a message, so an idle client is told so by
-# the session (the pipeline's deadline, a backstop, would read as an overloaded server)
-TEXT_IDLE_MARGIN_S = 1.0
 
 
 class SessionError(Exception):
@@ -293,11 +291,6 @@ class SpeechSession:
         elif self.timestamps is not None:
             self.timestamps.add(self.utterance_index, sentence_index,
                                 await self.state.run(delivered_audio, config, spoken), sentence_text())
-
-
-def check_text_length(text: str) -> None:
-    if len(text) > MAX_TEXT_CHARS:
-        raise ApiError(400, f"the text of one request may have at most {MAX_TEXT_CHARS} characters", "input")
 
 
 class TokenUtterance:
