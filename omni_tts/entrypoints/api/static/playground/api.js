@@ -27,12 +27,13 @@ function authorization() {
   return key ? {Authorization: "Bearer " + key} : {};
 }
 
-// The OpenAI error envelope's message, or the status line when the body is something else.
+// The error body's message (OpenAI's envelope, ElevenLabs' detail), or the status line when it has none.
 async function errorOf(response) {
   let message = `HTTP ${response.status} ${response.statusText}`;
   try {
     const body = await response.json();
     if (body && body.error && body.error.message) message = body.error.message;
+    else if (body && body.detail && body.detail.message) message = body.detail.message;
   } catch {
     // not JSON: the status line says it
   }

@@ -4,6 +4,7 @@
 
 import {ApiError, apiFetch, apiKey, getJson, setApiKey} from "./api.js";
 import {PcmPlayer, SAMPLE_RATE} from "./pcm_player.js";
+import {PROTOCOLS, speak} from "./protocols.js";
 import {TypedUtterance} from "./type_to_speak.js";
 import {Waveform} from "./waveform.js";
 
@@ -183,7 +184,7 @@ function speechOptions() {
   return options;
 }
 
-// --- speak text: POST /v1/audio/speech, raw PCM played as it streams ---------------------------------------------
+// --- speak text: through the API picked (protocols.js), raw PCM played as it streams -----------------------------
 async function speakText() {
   stopAll();
   const text = $("text").value;
@@ -191,17 +192,7 @@ async function speakText() {
   const current = startRun("speak");
   const abort = speechAbort = new AbortController();
   try {
-    const response = await apiFetch("v1/audio/speech", {
-      method: "POST", headers: {"Content-Type": "application/json"}, signal: abort.signal,
-      body: JSON.stringify({...speechOptions(), input: text, response_format: "pcm", stream: true,
-                            stream_format: "audio"}),
-    });
-    const reader = response.body.getReader();
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) break;
-      current.audio(value);
-    }
+    await speak($("protocol").value, text, speechOptions(), {audio: (bytes) => current.audio(bytes)}, abort.signal);
     await current.finish();
   } catch (error) {
     if (!abort.signal.aborted) current.fail(describe(error));
@@ -312,6 +303,7 @@ $("key-form").addEventListener("submit", (event) => {
   setApiKey($("key").value);
   load().catch((error) => showError(describe(error)));
 });
+$("protocol").replaceChildren(...Object.entries(PROTOCOLS).map(([value, label]) => option(value, label)));
 $("model").addEventListener("change", fillForModel);
 $("speak").addEventListener("click", speakText);
 $("stop").addEventListener("click", stopAll);
