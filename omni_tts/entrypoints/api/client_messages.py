@@ -5,14 +5,18 @@ is handled) and not only once the whole utterance was spoken.
 At most MAX_BYTES_AHEAD of messages are held ahead of the session; beyond, the reading waits and the socket holds the
 client back, as before. A close (the client's close frame, or the connection lost) cancels what the session is doing
 at once: its requests end and its slot is freed as it unwinds, as when aiohttp cancels a handler whose connection
-dropped.
+dropped. An `input.cancel` (barge-in) does the same to the utterance alone: the messages held before it are dropped
+and the session's task is cancelled, to be resumed by the session (`take_cancel`).
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Callable
 
+import msgspec
 from aiohttp import WSMessage, WSMsgType, web
+
+from omni_tts.entrypoints.api.schema import MessageType
 
 MAX_BYTES_AHEAD = 2**20
 MESSAGE_OVERHEAD = 256   # what a held message costs beside its data: a text of one token is a few bytes
@@ -32,6 +36,7 @@ class ClientMessages:
         self.session: asyncio.Task | None = None
         self.reader: asyncio.Task | None = None
         self.cancelled_session = False
+        self.cancels = 0   # input.cancel messages read whose cancellation the session has not taken yet
 
     def start(self) -> None:
         self.session = asyncio.current_task()
@@ -53,6 +58,15 @@ class ClientMessages:
         """In the session, on a CancelledError: whether the client's close alone caused it (the session then ends
         as if it had read the close); False when aiohttp cancelled the handler too."""
         return self.cancelled_session and self.session.uncancel() == 0
+
+    def take_cancel(self) -> bool:
+        """In the session, on a CancelledError: whether an input.cancel caused it (the session's task is then
+        uncancelled, to go on with its next message); False for a close or aiohttp's cancellation."""
+        if not self.cancels or self.cancelled_session:
+            return False
+        self.cancels -= 1
+        self.session.uncancel()
+        return True
 
     async def next(self, timeout: float) -> WSMessage | None:
         """The next message, None once the connection is closing; TimeoutError after `timeout` s without one."""
@@ -76,8 +90,26 @@ class ClientMessages:
                     self.cancelled_session = True
                     self.session.cancel()
                 return
+            if _is_cancel(message):
+                while not self.held.empty():   # sent before the cancel: not to be spoken
+                    self.held.get_nowait()
+                self.held_bytes = 0
+                self.room.set()
+                self.cancels += 1
+                self.session.cancel()
+                continue
             self.held_bytes += _cost(message)
             self.held.put_nowait(message)
+
+
+def _is_cancel(message: WSMessage) -> bool:
+    """An input.cancel (the substring first: most messages are text pieces, never decoded here)."""
+    if message.type != WSMsgType.TEXT or "input.cancel" not in message.data:
+        return False
+    try:
+        return msgspec.json.decode(message.data, type=MessageType).type == "input.cancel"
+    except msgspec.DecodeError:
+        return False
 
 
 def _cost(message: WSMessage) -> int:

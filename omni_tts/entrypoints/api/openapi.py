@@ -145,7 +145,8 @@ def _speech_stream_operation() -> dict:
         "description": (
             "Upgrade this GET to a WebSocket (RFC 6455). The client sends JSON text messages "
             "(SpeechStreamClientMessage): session.config first (the speech fields but input, plus split_granularity "
-            "and stream_audio), then input.text pieces and input.done per utterance, session.close at the end. The "
+            "and stream_audio), then input.text pieces and input.done per utterance (input.cancel stops the one in "
+            "progress: barge-in), session.close at the end. The "
             "server answers with JSON events (SpeechStreamServerEvent) and the audio in the configured format "
             "between a request's audio.start and audio.done: binary frames, or with audio_frames json (the default "
             "for word_timestamps over streamed pcm, as vllm-omni) audio.chunk events; an error event is followed "

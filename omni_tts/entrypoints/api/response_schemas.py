@@ -120,6 +120,7 @@ SPEECH_STREAM_EVENT = {"oneOf": [  # the server's JSON messages on WS /v1/audio/
     event("input.committed", utterance_index=INT, commit_index=INT, text={"type": "string"},
            commit_id={"type": ["string", "null"]}, sentence_index=INT, chars_committed=INT),
     event("session.done", utterance_index=INT, total_sentences=INT),
+    event("input.cancelled", utterance_index=INT, cancelled={"type": "boolean"}),
     event("error", message={"type": "string"}),
     {"type": "object", "required": ["type", "utterance_index", "sentence_index", "timestamps"],
      "description": "audio_frames json (api/audio_frames.py): a piece of audio (`audio_b64`; timestamps null) or the "

@@ -162,7 +162,12 @@ class SessionClose(msgspec.Struct, forbid_unknown_fields=True, tag="session.clos
     pass
 
 
-ClientMessage = SessionConfig | InputText | InputCommit | InputDone | SessionClose
+class InputCancel(msgspec.Struct, forbid_unknown_fields=True, tag="input.cancel", tag_field="type"):
+    """Barge-in: the utterance in progress stops at once (its requests aborted, its slot freed) and what was sent
+    before this message and not yet handled is dropped; answered by input.cancelled. The session stays open."""
+
+
+ClientMessage = SessionConfig | InputText | InputCommit | InputDone | SessionClose | InputCancel
 
 
 class MessageType(msgspec.Struct):

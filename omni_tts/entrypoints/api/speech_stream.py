@@ -26,7 +26,6 @@ from omni_tts.entrypoints.api.schema import (ApiError, ClientMessage, InputCommi
                                            decode_speech_options, describe_fields)
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
-from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .access_log import SessionLog
@@ -37,9 +36,10 @@ from .client_messages import ClientMessages
 from .errors import REQUEST_ERRORS, api_error
 from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
-from .speech_turn import TEXT_IDLE_MARGIN_S, check_text_length
+from .speech_turn import check_text_length
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_output, check_speech_request
+from .utterances import SplitUtterance, TokenUtterance
 from .word_times import ProgressiveTimestamps, TrailingTimestamps, align_span, check_word_timestamps
 
 logger = logging.getLogger(__name__)
@@ -84,12 +84,18 @@ class SpeechSession:
         self.messages = ClientMessages(ws, ending=lambda: self.failed)
 
     async def run(self) -> None:
-        self.messages.start()   # a client's close cancels this task at once, whatever it is doing
+        self.messages.start()   # a client's close (or input.cancel) cancels this task at once, whatever it is doing
         try:
-            while (message := await self._receive()) is not None:
-                if isinstance(message, SessionClose):
-                    break
-                await self._handle(message)
+            while True:
+                try:
+                    message = await self._receive()
+                    if message is None or isinstance(message, SessionClose):
+                        break
+                    await self._handle(message)
+                except asyncio.CancelledError:
+                    if not self.messages.take_cancel():
+                        raise
+                    await self._cancel_utterance()
         except SessionError as e:
             await self.fail(str(e))
         except REQUEST_ERRORS as e:
@@ -107,6 +113,19 @@ class SpeechSession:
             # shielded: a client that goes away cancels the handler (handler_cancellation), and the utterance's
             # requests and slot must still be let go of
             await asyncio.shield(self._close())
+
+    async def _cancel_utterance(self) -> None:
+        """input.cancel: the utterance in progress stops (its sender cancelled, its requests aborted, its slot
+        freed) before input.cancelled goes out, so no audio of it follows."""
+        cancelled = self.utterance is not None
+        if cancelled:
+            await self.utterance.close()
+            self.log.utterance_ended("cancelled")
+        self.utterance, self.uncommitted, self.num_commits = None, "", 0
+        await self.ws.send_json({"type": "input.cancelled", "utterance_index": self.utterance_index,
+                                 "cancelled": cancelled})
+        if cancelled:
+            self.utterance_index += 1
 
     async def _close(self) -> None:
         if self.utterance is not None:
@@ -291,99 +310,3 @@ class SpeechSession:
         elif self.timestamps is not None:
             self.timestamps.add(self.utterance_index, sentence_index,
                                 await self.state.run(delivered_audio, config, spoken), sentence_text())
-
-
-class TokenUtterance:
-    """split_granularity token: the utterance is one request whose text grows as it arrives; its audio goes out
-    from a task of its own while the text keeps coming."""
-
-    def __init__(self, session: SpeechSession) -> None:
-        self.session = session
-        self.text = ""
-        self.admission: Admission | None = None
-        self.stream = None
-        self.sender: asyncio.Task | None = None
-
-    async def add(self, text: str) -> None:
-        self.text += text
-        check_text_length(self.text)
-        if self.stream is None:
-            if not self.text.strip():
-                return  # whitespace before the first word tokenizes with it: it waits
-            session = self.session
-            self.admission = Admission(session.state).__enter__()
-            self.stream = await session.state.tts.open_text_stream(
-                session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout + TEXT_IDLE_MARGIN_S,
-                **session.generation_args())
-            self.sender = asyncio.create_task(self._send_audio(self.admission))
-            text = self.text
-        await self.stream.append(text)
-
-    async def _send_audio(self, admission: Admission) -> None:
-        session = self.session
-        progressive = (ProgressiveTimestamps(session.timestamps, session.utterance_index)
-                       if session.timestamps is not None else None)
-        try:
-            await session.send_audio(self.stream, 0, lambda: self.text, admission, progressive)
-        except REQUEST_ERRORS as e:
-            error = api_error(e)
-            await self.session.fail(error.message, error.status)
-            raise
-        except ConnectionError:
-            pass  # the client went away; the session ends with the connection
-
-    async def finish(self) -> int:
-        """The number of requests it made (0 for nothing but whitespace)."""
-        if self.stream is None:
-            await self.close()
-            return 0
-        await self.stream.finish()
-        await self.sender
-        await self.close()
-        return 1
-
-    async def close(self) -> None:
-        """Abort the request, then free its slot: a slot freed first would admit another request while this one
-        still runs in the stages."""
-        if self.sender is not None:
-            self.sender.cancel()
-            await asyncio.gather(self.sender, return_exceptions=True)
-        if self.stream is not None:
-            await self.stream.aclose()
-        if self.admission is not None:
-            self.admission.__exit__()
-            self.admission = None
-
-
-class SplitUtterance:
-    """split_granularity sentence / clause: each complete unit of text is a request of its own, spoken before the
-    next message is read."""
-
-    def __init__(self, session: SpeechSession) -> None:
-        self.session = session
-        self.splitter = TextSplitter(session.config.split_granularity)
-        self.num_requests = 0
-
-    async def add(self, text: str) -> None:
-        for unit in self.splitter.feed(text):
-            await self._speak(unit)
-        check_text_length(self.splitter.buffer)
-
-    async def finish(self) -> int:
-        for unit in self.splitter.flush():
-            await self._speak(unit)
-        return self.num_requests
-
-    async def _speak(self, text: str) -> None:
-        check_text_length(text)
-        session = self.session
-        with Admission(session.state) as admission:
-            chunks = session.state.tts.generate(session.synthesis(text), **session.generation_args())
-            try:
-                await session.send_audio(chunks, self.num_requests, lambda: text, admission)
-            finally:
-                await chunks.aclose()
-        self.num_requests += 1
-
-    async def close(self) -> None:
-        pass
