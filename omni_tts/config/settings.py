@@ -16,9 +16,10 @@ from .stage_config import PositiveInt
 MIB = 2**20
 # OpenAI Realtime: the sentences of `instructions` that ask a voice LLM to read the text as it is (what this server
 # does anyway), dropped from the style prompt
-VERBATIM_PATTERN = (r"verbatim|word[- ]for[- ]word|exactly as (written|given|provided)|nothing else|as (it is )?written|"
-                    r"\b(read|say|speak|repeat)( it| this| them)?( aloud| out loud)? (back|exactly|only|the (following|"
-                    r"user|text|input|message)|what)|do not (add|change|alter|paraphrase|reword)")
+VERBATIM_PATTERN = (r"verbatim|word[- ]for[- ]word|exactly as (written|given|provided)|nothing else|"
+                    r"as (it is )?written|do not (add|change|alter|paraphrase|reword)|"
+                    r"\b(read|say|speak|repeat)( it| this| them)?( aloud| out loud)? "
+                    r"(back|exactly|only|what|the (following|user|text|input|message))")
 # a speech request's input, narrated when longer than one segment: --max-input-chars is checked against it; the
 # request schema's bound, which stops a body's string before it is decoded whole
 MAX_INPUT_CHARS = 4_000_000

@@ -71,7 +71,8 @@ class RealtimeResponse:
                 "conversation_id": self.conversation.id if self.conversation else None,
                 "output": [] if status == "in_progress" else [self.item.json(item_status(status))],
                 "output_modalities": ["audio"], "metadata": self.metadata,
-                "audio": {"output": {"format": format_json(self.output.format), "voice": voice_json(self.output.voice)}},
+                "audio": {"output": {"format": format_json(self.output.format),
+                                     "voice": voice_json(self.output.voice)}},
                 "usage": usage_json(self.usage) if self.usage is not None else None}
 
     async def run(self) -> None:
