@@ -81,13 +81,16 @@ def user_message(text: str) -> dict:
 async def test_an_in_band_response_reads_the_new_user_items_as_the_speech_route(in_process_app):
     url, state = in_process_app
     async with connect(url) as connection:
-        session = await configure(connection, instructions="Read the user's text aloud verbatim.",
+        tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+        session = await configure(connection, instructions="Read the user's text aloud verbatim.", tools=tools,
                                   audio={"output": {"voice": "vivian", "format": {"type": "audio/pcm", "rate": 24000},
                                                     "speed": 1.2}})
         assert session["audio"]["output"] == {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "vivian",
                                               "speed": 1.2}
-        # the boilerplate is dropped (nothing is left of the style), the speed named as ignored (the audio streams)
-        assert session["omni_tts"] == {"style_instructions": None, "ignored_fields": ["audio.output.speed"]}
+        # the boilerplate is dropped (nothing is left of the style); the tools (echoed) and the speed (the audio
+        # streams) named as ignored
+        assert session["omni_tts"] == {"style_instructions": None, "ignored_fields": ["tools", "audio.output.speed"]}
+        assert session["tools"] == tools
         await connection.conversation.item.create(item=user_message("Hello there,"))
         await connection.conversation.item.create(item=user_message("this is one turn."))
         added = [(await connection.recv()).type for _ in range(4)]

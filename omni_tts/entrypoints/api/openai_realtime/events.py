@@ -8,7 +8,7 @@ the session and named as ignored; `temperature` (the beta session's field) is an
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -34,7 +34,7 @@ class AudioOutput(msgspec.Struct):
 
 
 class SessionAudio(msgspec.Struct):
-    input: msgspec.Raw | None = None     # audio input: echoed, unused
+    input: Any = None     # audio input: echoed, unused
     output: AudioOutput | None = None
 
 
@@ -47,12 +47,12 @@ class SessionFields(msgspec.Struct, kw_only=True):
     audio: SessionAudio | None = None
     max_output_tokens: OutputTokens | None = None
     temperature: Temperature | None = None   # extension
-    tools: msgspec.Raw | None = None
-    tool_choice: msgspec.Raw | None = None
-    tracing: msgspec.Raw | None = None
-    truncation: msgspec.Raw | None = None
-    prompt: msgspec.Raw | None = None
-    include: msgspec.Raw | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    tracing: Any = None
+    truncation: Any = None
+    prompt: Any = None
+    include: Any = None
 
 
 IGNORED_SESSION_FIELDS = ("tools", "tool_choice", "tracing", "truncation", "prompt", "include")
