@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.entrypoints.api.schema import MAX_TEXT_CHARS, ApiError
 
 from .events import ItemReference, MessageItem, new_id
 
@@ -43,7 +43,10 @@ def message_text(message: MessageItem) -> str:
             raise ApiError(400, f"a user message's content must be input_text parts, not '{part.type}'",
                            "item.content")
         texts.append(part.text or part.transcript or "")
-    return "".join(texts)
+    text = "".join(texts)
+    if len(text) > MAX_TEXT_CHARS:   # what one item may hold: a response speaks at most this much
+        raise ApiError(400, f"a message may hold at most {MAX_TEXT_CHARS} characters of text", "item.content")
+    return text
 
 
 class Conversation:

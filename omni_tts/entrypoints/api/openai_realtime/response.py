@@ -76,19 +76,22 @@ class RealtimeResponse:
                 "usage": usage_json(self.usage) if self.usage is not None else None}
 
     async def run(self) -> None:
+        """The response from response.created to response.done (`done` once it is sent, or the response cut)."""
         try:
-            await self._open()
-            self.streaming = asyncio.create_task(self._stream())
-            if self.cancelled:   # while the opening events went out
-                self.streaming.cancel()
-            await asyncio.wait([self.streaming])
+            try:
+                await self._open()
+                self.streaming = asyncio.create_task(self._stream())
+                if self.cancelled:   # while the opening events went out
+                    self.streaming.cancel()
+                await asyncio.wait([self.streaming])
+            finally:
+                if self.streaming is not None and not self.streaming.done():   # the session ends: cut at once
+                    self.streaming.cancel()
+                    await asyncio.gather(self.streaming, return_exceptions=True)
+                await self.turn.close()   # the request aborted in every stage, its slot freed
+            await self._close()
         finally:
-            if self.streaming is not None and not self.streaming.done():   # the session ends: cut at once
-                self.streaming.cancel()
-                await asyncio.gather(self.streaming, return_exceptions=True)
-            await self.turn.close()   # the request aborted in every stage, its slot freed
             self.done = True
-        await self._close()
 
     async def _open(self) -> None:
         item, send = self.item, self.send
