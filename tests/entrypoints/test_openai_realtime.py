@@ -15,6 +15,7 @@ from audio_util import g711_bound, g711_decode
 from conftest import RUNS_TO_ITS_LIMIT
 from omni_tts.entrypoints.api.openai_realtime.connection import MAX_MESSAGE_BYTES
 from omni_tts.entrypoints.api.server_config import ServerConfig
+from waiting import eventually_async
 
 GREEDY_SESSION = {"temperature": 0, "max_output_tokens": 48}   # temperature: this server's extension
 GREEDY = {"temperature": 0.0, "max_new_tokens": 48}
@@ -177,6 +178,19 @@ async def test_response_cancel_cuts_the_audio_and_the_next_response_is_exact(in_
         error = (await response(connection))[2]["error"].error
         assert (error.code, error.param) == ("response_cancel_not_active", "response_id")
     assert state.admitted == 0 and not state.tts.requests
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_client_that_goes_away_mid_response_cuts_it(in_process_app):
+    url, state = in_process_app
+    async with connect(url) as connection:
+        await configure(connection, temperature=0, max_output_tokens="inf")
+        await connection.response.create(response={"conversation": "none", "input": [user_message(RUNS_TO_ITS_LIMIT)]})
+        async for event in connection:
+            if event.type == "response.output_audio.delta":
+                break
+        assert state.admitted == 1
+    await eventually_async(lambda: state.admitted == 0 and not state.tts.requests, what="the response cut")
 
 
 @pytest.mark.asyncio(loop_scope="session")

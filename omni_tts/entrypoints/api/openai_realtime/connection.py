@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 import msgspec
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from omni_tts.entrypoints.api.schema import MAX_NAME_CHARS, ApiError, SpeechOptions, describe_fields
 
@@ -73,14 +73,21 @@ class RealtimeConnection:
             while (message := await self._receive()) is not None:
                 await self._handle(message)
         except SessionEnded as e:
-            self.log.failed(e.error.status)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self.send(error_event(e.error, None))
+            await self._end(e.error)
         except ConnectionError:
             pass   # the connection closed while the session wrote to it: there is no one to tell
+        except Exception:
+            logger.exception("realtime session %s failed", self.session.id)
+            await self._end(ApiError(500, "internal error; see the server log"))
         finally:
             # shielded: a client that goes away cancels the handler, and the response must still be cut
             await asyncio.shield(self._close())
+
+    async def _end(self, error: ApiError) -> None:
+        """The error event that ends the session (the close follows)."""
+        self.log.failed(error.status)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send(error_event(error, None))
 
     async def _close(self) -> None:
         if self.responding is not None:
@@ -91,7 +98,7 @@ class RealtimeConnection:
     async def send(self, event: dict) -> None:
         await self.ws.send_str(msgspec.json.encode({"event_id": new_id("event")} | event).decode())
 
-    async def _receive(self):
+    async def _receive(self) -> WSMessage | None:
         """The next message, None once the connection closes; SessionEnded after the idle limit."""
         idle = self.state.config.stream_idle_timeout
         while True:
@@ -104,10 +111,11 @@ class RealtimeConnection:
                                             "session_idle_timeout")) from None
             return None if message.type in CLOSE_TYPES else message
 
-    async def _handle(self, message) -> None:
+    async def _handle(self, message: WSMessage) -> None:
         if message.type != WSMsgType.TEXT:
-            return await self.send(error_event(ApiError(400, "events must be JSON text frames", None,
-                                                        "binary_not_supported"), None))
+            await self.send(error_event(ApiError(400, "events must be JSON text frames", None,
+                                                 "binary_not_supported"), None))
+            return
         size = len(message.data.encode("utf-8", "surrogatepass"))
         if size > MAX_MESSAGE_BYTES:
             raise SessionEnded(ApiError(413, f"event too large ({size} bytes; the limit is {MAX_MESSAGE_BYTES})",
