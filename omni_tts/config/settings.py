@@ -88,9 +88,10 @@ class ApiSettings:
                                                  "token mode, without text for an unfinished utterance) before the "
                                                  "session ends")
     realtime_verbatim_pattern: str = setting(VERBATIM_PATTERN, "OpenAI Realtime: a regular expression (case-"
-                                             "insensitive); sentences of a session's instructions it matches are "
-                                             "dropped before the rest becomes the style prompt; '' keeps them all "
-                                             "(default: sentences asking to read the text verbatim)")
+                                             "insensitive); the sentences of a session's instructions it matches "
+                                             "(by default, those asking to read the text verbatim) are dropped "
+                                             "before the rest becomes the style prompt; '' keeps them all",
+                                             metavar="REGEX")
 
     def __post_init__(self) -> None:
         try:
