@@ -9,12 +9,16 @@ import json
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
 
 from audio_util import g711_bound, g711_decode
-from conftest import RUNS_TO_ITS_LIMIT
+from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
+from omni_tts.config.stage_config import load_stage_config
+from omni_tts.entrypoints.api.app import build_app
 from omni_tts.entrypoints.api.openai_realtime.connection import MAX_MESSAGE_BYTES
 from omni_tts.entrypoints.api.server_config import ServerConfig
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from waiting import eventually_async
 
 GREEDY_SESSION = {"temperature": 0, "max_output_tokens": 48}   # temperature: this server's extension
@@ -121,7 +125,9 @@ async def test_an_in_band_response_reads_the_new_user_items_as_the_speech_route(
 async def test_an_out_of_band_response_speaks_its_own_input_in_its_format_and_style(in_process_app):
     url, state = in_process_app
     async with connect(url) as connection:
-        await configure(connection, audio={"output": {"voice": "vivian", "format": {"type": "audio/pcmu"}}})
+        session = await configure(connection, audio={"output": {"voice": {"id": "vivian"},
+                                                                "format": {"type": "audio/pcmu"}}})
+        assert session["audio"]["output"]["voice"] == {"id": "vivian"}   # a custom voice's shape
         await connection.conversation.item.create(item=user_message("Not this one."))
         await connection.recv(), await connection.recv()
         await connection.response.create(response={
@@ -238,6 +244,20 @@ async def test_bad_events_get_the_error_event_and_an_oversized_one_ends_the_sess
         closing = await ws.receive()
         assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == aiohttp.WSCloseCode.OK
     assert state.admitted == 0 and not state.tts.requests
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_idle_session_ends_with_the_error_event_then_the_close():
+    """The app alone (its pipeline never started: an idle session needs none), with a short idle limit."""
+    tts = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
+    app = build_app(tts, ServerConfig(served_model_names=("m",), stream_idle_timeout=0.2))
+    async with TestServer(app) as server, aiohttp.ClientSession() as http, \
+            http.ws_connect(server.make_url("/v1/realtime")) as ws:
+        created = await ws.receive_json()
+        assert created["type"] == "session.created" and created["session"]["model"] == "m"
+        error = (await ws.receive_json())["error"]
+        assert error["code"] == "session_idle_timeout" and "no event for 0.2 s" in error["message"]
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE
 
 
 def test_a_verbatim_pattern_that_is_not_a_regular_expression_is_refused():
