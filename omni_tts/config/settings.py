@@ -4,6 +4,7 @@ is `ApiSettings` (entrypoints/api/server_config.py), and the orchestrator's defa
 every layer may import them."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -13,6 +14,12 @@ from .options import port_number, setting
 from .stage_config import PositiveInt
 
 MIB = 2**20
+# OpenAI Realtime: the sentences of `instructions` that ask a voice LLM to read the text as it is (what this server
+# does anyway), dropped from the style prompt
+VERBATIM_PATTERN = (r"verbatim|word[- ]for[- ]word|exactly as (written|given|provided)|nothing else|"
+                    r"as (it is )?written|do not (add|change|alter|paraphrase|reword)|"
+                    r"\b(read|say|speak|repeat)( it| this| them)?( aloud| out loud)? "
+                    r"(back|exactly|only|what|the (following|user|text|input|message))")
 # a speech request's input, narrated when longer than one segment: --max-input-chars is checked against it; the
 # request schema's bound, which stops a body's string before it is decoded whole
 MAX_INPUT_CHARS = 4_000_000
@@ -80,6 +87,17 @@ class ApiSettings:
     stream_idle_timeout: Seconds = setting(30.0, "WS /v1/audio/speech/stream: seconds without a message (or, in "
                                                  "token mode, without text for an unfinished utterance) before the "
                                                  "session ends")
+    realtime_verbatim_pattern: str = setting(VERBATIM_PATTERN, "OpenAI Realtime: a regular expression (case-"
+                                             "insensitive); the sentences of a session's instructions it matches "
+                                             "(by default, those asking to read the text verbatim) are dropped "
+                                             "before the rest becomes the style prompt; '' keeps them all",
+                                             metavar="REGEX")
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.realtime_verbatim_pattern)
+        except re.error as e:
+            raise ValueError(f"--realtime-verbatim-pattern is not a regular expression: {e}") from None
 
     @property
     def voices_quota_bytes(self) -> int:

@@ -10,7 +10,10 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import aiohttp
 import pytest
+import websockets
+from openai import AsyncOpenAI
 
 from audio_util import flac_claiming
 from conftest import FIXTURES
@@ -253,6 +256,32 @@ def test_api_key_guards_every_route_but_health(guarded_server):
     # the docs page is static and asks its reader for the key: a browser cannot send the header on navigation
     status, page = call(guarded_server, "GET", "/docs")
     assert status == 200 and page.startswith(b"<!DOCTYPE html>")
+
+
+def test_the_realtime_route_takes_the_key_as_openai_clients_send_it(guarded_server):
+    """The `openai` SDK's bearer header, or a browser's subprotocols `realtime` and `openai-insecure-api-key.<key>`
+    (the server answers `realtime`); a wrong or missing key is refused (401) before the upgrade."""
+    def realtime(key: str):
+        client = AsyncOpenAI(base_url=guarded_server.url + "/v1", api_key=key)
+        return client.realtime.connect(model="gpt-realtime-2.1-mini")
+
+    async def main():
+        async with realtime(API_KEY) as connection:
+            assert (await connection.recv()).type == "session.created"
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with realtime("wrong"):
+                pass
+        assert refused.value.response.status_code == 401
+        url = guarded_server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime-2.1-mini"
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url, protocols=("realtime", f"openai-insecure-api-key.{API_KEY}")) as ws:
+                assert ws.protocol == "realtime" and (await ws.receive_json())["type"] == "session.created"
+            for protocols in (("realtime", "openai-insecure-api-key.wrong"), (f"openai-insecure-api-key.{API_KEY}",)):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await http.ws_connect(url, protocols=protocols)
+                assert refused.value.status == 401
+
+    asyncio.run(main())
 
 
 # --- decompression bombs and library text ------------------------------------------------------------------------

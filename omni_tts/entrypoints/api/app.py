@@ -4,7 +4,8 @@ orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
 /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
 (voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
-GET / and /playground/{name} (playground.py). CPU work
+GET / and /playground/{name} (playground.py), WS /v1/realtime (openai_realtime/: OpenAI's Realtime API reading
+text aloud). CPU work
 (tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
 the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket
 session one per utterance and one at its end (access_log.py).
@@ -14,6 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from omni_tts.entrypoints.api.names import VoiceNames
+from omni_tts.entrypoints.api.openai_realtime import REALTIME_ROUTES
 from omni_tts.entrypoints.api.openapi import openapi_routes
 from omni_tts.entrypoints.api.playground import playground_routes
 from omni_tts.orchestrator.tts_client import TTSClient
@@ -65,6 +67,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
         *INFO_ROUTES,
+        *REALTIME_ROUTES,
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None,
                         strict_fields=config.strict_fields),
         *playground_routes(),

@@ -1,5 +1,5 @@
 """The API key (--api-key): every route but openapi.OPEN_PATHS needs it, as a bearer token or, on the WebSocket
-route, where a browser cannot set headers, as a subprotocol."""
+routes, where a browser cannot set headers, as a subprotocol."""
 from __future__ import annotations
 
 import base64
@@ -17,19 +17,27 @@ SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
 # server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap).
 WS_PROTOCOL = "omni-tts"
 WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
+# OpenAI Realtime's browser clients offer `realtime` and `openai-insecure-api-key.<the key>`; `realtime` is answered
+REALTIME_PATH = "/v1/realtime"
+REALTIME_PROTOCOL = "realtime"
+REALTIME_KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
 def presented_api_key(request: web.Request) -> bytes | None:
-    """The key a request presents: `Authorization: Bearer <key>`, ElevenLabs' `xi-api-key` header, or on the
-    WebSocket route the key subprotocol."""
+    """The key a request presents: `Authorization: Bearer <key>`, ElevenLabs' `xi-api-key` header, or on a
+    WebSocket route its key subprotocol."""
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         return given.strip().encode("utf-8", "surrogateescape")
     if "xi-api-key" in request.headers:
         return request.headers["xi-api-key"].strip().encode("utf-8", "surrogateescape")
-    if request.path != SPEECH_STREAM_PATH:
+    if request.path not in (SPEECH_STREAM_PATH, REALTIME_PATH):
         return None
     offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]
+    if request.path == REALTIME_PATH:
+        return next((protocol[len(REALTIME_KEY_PROTOCOL_PREFIX):].encode("utf-8", "surrogateescape")
+                     for protocol in offered if protocol.startswith(REALTIME_KEY_PROTOCOL_PREFIX)
+                     and REALTIME_PROTOCOL in offered), None)
     for protocol in offered:
         if protocol.startswith(WS_KEY_PROTOCOL_PREFIX) and WS_PROTOCOL in offered:
             encoded = protocol[len(WS_KEY_PROTOCOL_PREFIX):]

@@ -170,6 +170,19 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
         "/v1/audio/speech": {"post": _speech_operation()},
         "/v1/audio/speech/batch": {"post": _speech_batch_operation()},
         "/v1/audio/speech/stream": {"get": _speech_stream_operation()},
+        "/v1/realtime": {"get": {
+            "operationId": "realtime", "summary": "OpenAI's Realtime API (GA), reading text aloud: a WebSocket session",
+            "description": (
+                "Upgrade this GET to a WebSocket; `model` (query) is echoed. The client events and server events are "
+                "OpenAI's (session.update, conversation.item.create, response.create, response.cancel → "
+                "session.created/updated, conversation.item.added/done, response.created, "
+                "response.output_audio.delta, ..., response.done, error); a response speaks the input_text of the "
+                "user messages, `instructions` being its style (README, OpenAI Realtime). With an API key, a browser "
+                "may offer the subprotocols `realtime` and `openai-insecure-api-key.<key>`; the server answers "
+                "`realtime`."),
+            "parameters": [{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}],
+            "responses": {"101": {"description": "Switching Protocols: the session runs over the WebSocket"},
+                          "400": _error("not a WebSocket upgrade request")}}},
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
                     "responses": {"200": _json("VoiceList", "all voice names, and the uploaded voices")}},
