@@ -171,6 +171,24 @@ def test_a_streamed_request_plays_from_its_first_packet(browser, cv_server):
         browser.get_screenshot_as_file(path)
 
 
+@pytest.mark.parametrize("protocol", ["openai_realtime"])
+def test_the_same_speech_through_each_api_the_page_can_pick(browser, cv_server, protocol):
+    """The page speaks through another API as that API's browser clients do (the key as its own subprotocol or
+    header); the take plays whole and equals /v1/audio/speech's audio for the same text and voice."""
+    open_page(browser, cv_server, KEY)
+    text = "The same words through another API."
+    set_field(browser, "text", text)
+    Select(browser.find_element(By.ID, "voice")).select_by_value("ryan")
+    Select(browser.find_element(By.ID, "protocol")).select_by_value(protocol)
+    set_sampling(browser)
+    browser.find_element(By.ID, "speak").click()
+    take = played_take(browser)
+    pcm = api(cv_server, "/v1/audio/speech", dict(SAMPLING, model=MODEL, voice="ryan", input=text,
+                                                  response_format="pcm", non_streaming_mode=False))
+    assert take["received"] == len(pcm) // 2 > 0 and take["played"] == take["received"]
+    assert console_errors(browser) == []
+
+
 def test_pieces_cut_inside_a_sample_play_whole(browser, cv_server):
     """A stream's pieces may end between a sample's two bytes (fetch gives what the network cut): the player joins
     them, so it plays every sample, each once, as sent."""

@@ -53,9 +53,14 @@ export async function getJson(path) {
 
 // A WebSocket to `path` on this server. A browser cannot set headers on it, so the key goes as a subprotocol:
 // its UTF-8 in base64url without padding (subprotocol names allow no '+', '/' or '=').
-export function openWebSocket(path) {
+export function webSocketUrl(path) {
   const url = new URL(path, location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url;
+}
+
+export function openWebSocket(path) {
+  const url = webSocketUrl(path);
   const key = apiKey();
   if (!key) return new WebSocket(url);
   const bytes = new TextEncoder().encode(key);

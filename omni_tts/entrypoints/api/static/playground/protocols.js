@@ -3,7 +3,7 @@
 // options: the page's speech fields (model, voice, language, instructions, sampling); a foreign API carries only
 // the fields it has (the sampling controls are omni_tts's own).
 
-import {ApiError, apiFetch, openWebSocket} from "./api.js";
+import {ApiError, apiFetch, apiKey, openWebSocket, webSocketUrl} from "./api.js";
 
 export const PROTOCOLS = {
   speech: "omni_tts: POST /v1/audio/speech (HTTP stream)",
@@ -95,11 +95,16 @@ async function speakQwenRealtime(text, options, on, signal) {
 }
 
 async function speakOpenAIRealtime(text, options, on, signal) {
-  const socket = openWebSocket("v1/realtime?model=gpt-realtime-2.1-mini");
+  // OpenAI's browser clients: the key as the subprotocol `openai-insecure-api-key.<key>` beside `realtime`
+  const key = apiKey();
+  const socket = new WebSocket(webSocketUrl("v1/realtime?model=gpt-realtime-2.1-mini"),
+                               key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"]);
   const output = {format: {type: "audio/pcm", rate: 24000}};
   if (options.voice) output.voice = options.voice;
   const session = {type: "realtime", output_modalities: ["audio"], audio: {output}};
   if (options.instructions) session.instructions = options.instructions;
+  if (options.max_new_tokens !== undefined) session.max_output_tokens = options.max_new_tokens;
+  if (options.temperature !== undefined) session.temperature = options.temperature;   // omni_tts's extension
   const send = (ws, event) => ws.send(JSON.stringify(event));
   await converse(socket, (ws) => {
     send(ws, {type: "session.update", session});
