@@ -6,9 +6,10 @@ goes on after the replaced text, so an alias is never rewritten again. A rule wi
 where no letter or digit (or `_`) touches the grapheme on either side; a case-insensitive rule compares the text's
 and the grapheme's lower case.
 
-Text that arrives in pieces (`AliasStream`) is replaced exactly as the whole text would be: every decision at a
-position reads at most the character before it and `longest grapheme + 1` characters from it, so a tail of that
-length is held back until more text (or the end) decides it.
+Text that arrives in pieces (`AliasStream`) is replaced exactly as the whole text would be: a decision at a position
+reads the character before it and the grapheme's length (and one boundary character) from it, so the text from the
+first position where a rule could still match, given what came so far, is held back until more text (or the end)
+decides it: a word that begins like a grapheme, never more than the longest grapheme.
 """
 from __future__ import annotations
 
@@ -27,11 +28,22 @@ class AliasRule:
     def matches(self, text: str, at: int) -> bool:
         """Whether the grapheme is at `at` (its boundaries read from `text`, whose end is the text's end)."""
         end = at + len(self.grapheme)
-        piece = text[at:end]
-        if piece != self.grapheme and (self.case_sensitive or piece.lower() != self.grapheme.lower()):
-            return False
-        return not self.word_boundaries or not (at > 0 and _is_word(text[at - 1]) or
-                                                end < len(text) and _is_word(text[end]))
+        return self._same(text[at:end], self.grapheme) and not (self.word_boundaries and (
+            at > 0 and _is_word(text[at - 1]) or end < len(text) and _is_word(text[end])))
+
+    def is_decided(self, text: str, at: int) -> bool:
+        """Whether `matches(text, at)` is final, whatever text follows: the text reaches past the grapheme (and the
+        boundary character after it)."""
+        return at + len(self.grapheme) + self.word_boundaries <= len(text)
+
+    def could_match(self, text: str, at: int) -> bool:
+        """Whether some continuation of `text` would make the grapheme match at `at` (text ends within it)."""
+        tail = text[at:]
+        return (self._same(tail, self.grapheme[:len(tail)]) and
+                not (self.word_boundaries and at > 0 and _is_word(text[at - 1])))
+
+    def _same(self, piece: str, grapheme: str) -> bool:
+        return piece == grapheme or not self.case_sensitive and piece.lower() == grapheme.lower()
 
 
 def _is_word(char: str) -> bool:
@@ -57,11 +69,6 @@ class Lexicon:
             index.setdefault(rule.grapheme[0].lower(), []).append(rule)
         return {key: tuple(rules) for key, rules in index.items()}
 
-    @functools.cached_property
-    def lookahead(self) -> int:
-        """Characters a decision at a position reads from it: the longest grapheme and the boundary after it."""
-        return max((len(rule.grapheme) for rule in self.rules), default=0) + 1
-
     def apply(self, text: str) -> str:
         """The text to speak for `text`."""
         spoken, _ = self.scan(text, 0, final=True)
@@ -72,19 +79,27 @@ class Lexicon:
 
     def scan(self, text: str, start: int, final: bool) -> tuple[list[str], int]:
         """Replace from `start` (text[start - 1], if any, is context already replaced): the pieces to speak and where
-        the scan stopped. Not `final`: it stops where a decision would read past the text's end."""
+        the scan stopped. Not `final`: it stops at the first position a rule may still match there once more text
+        comes (a rule before it in priority is undecided)."""
         pieces, plain, at = [], start, start
-        stop = len(text) if final else len(text) - self.lookahead + 1
         by_first_char = self.by_first_char
-        while at < stop:
-            rule = next((r for r in by_first_char.get(text[at].lower(), ()) if r.matches(text, at)), None)
+        while at < len(text):
+            rule = None
+            for candidate in by_first_char.get(text[at].lower(), ()):
+                if final or candidate.is_decided(text, at):
+                    if candidate.matches(text, at):
+                        rule = candidate
+                        break
+                elif candidate.could_match(text, at):
+                    pieces.append(text[plain:at])
+                    return pieces, at
             if rule is None:
                 at += 1
                 continue
             pieces += [text[plain:at], rule.alias]
             at = plain = at + len(rule.grapheme)
         pieces.append(text[plain:at])
-        return pieces, max(at, start)
+        return pieces, at
 
 
 class AliasStream:
