@@ -3,11 +3,11 @@ orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it
 
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
 /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
-(voice_routes.py), /v1/pronunciation-dictionaries (pronunciation/dictionary_routes.py), GET /v1/models, /health, /metrics,
-/version (info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py). CPU work
-(tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
-the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket
-session one per utterance and one at its end (access_log.py).
+(voice_routes.py), /v1/pronunciation-dictionaries (pronunciation/dictionary_routes.py), GET /v1/models, /health,
+/metrics, /version (info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name}
+(playground.py). CPU work (tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small
+bounded pool) never runs on the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one
+access-log line, a WebSocket session one per utterance and one at its end (access_log.py).
 """
 from __future__ import annotations
 

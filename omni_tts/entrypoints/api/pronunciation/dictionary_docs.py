@@ -74,7 +74,8 @@ def pronunciation_paths() -> dict:
                                        "400": bad_rules, "404": missing, "413": full}}}
 
     form = {"type": "object", "required": ["name", "file"], "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}, "description": _STRING, "workspace_access": _STRING,
+        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}, "description": _STRING,
+        "workspace_access": _STRING,
         "file": {"type": "string", "contentMediaType": "application/octet-stream",
                  "description": f"a PLS lexicon (no DOCTYPE or entities) or JSON rules, at most {MAX_FILE_BYTES} "
                                 "bytes"}}}

@@ -3,6 +3,7 @@
 version). Errors are ElevenLabs' `{"detail": ...}` (errors.ERROR_BODIES)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import aiohttp
@@ -114,8 +115,9 @@ def _alias_rules(bodies: Rules) -> list[AliasRule]:
 
 
 async def _created(state: ServerState, name: str, description: str | None, rules: list[AliasRule]) -> web.Response:
-    dictionary = state.pronunciation.create(name.strip(), description, rules)
-    await _save(state, dictionary)
+    with _write_slot(state):
+        dictionary = state.pronunciation.create(name.strip(), description, rules)
+        await _save(state, dictionary)
     return web.json_response({"id": dictionary.id, "name": dictionary.name, "created_by": "omni-tts",
                               "creation_time_unix": dictionary.creation_time_unix,
                               "version_id": dictionary.latest.version_id, "version_rules_num": len(rules),
@@ -123,14 +125,21 @@ async def _created(state: ServerState, name: str, description: str | None, rules
 
 
 async def _changed(state: ServerState, dictionary_id: str, rules: list[AliasRule]) -> web.Response:
-    dictionary = state.pronunciation.change(dictionary_id, rules)
-    await _save(state, dictionary)
+    with _write_slot(state):
+        dictionary = state.pronunciation.change(dictionary_id, rules)
+        await _save(state, dictionary)
     return web.json_response({"id": dictionary.id, "version_id": dictionary.latest.version_id,
                               "version_rules_num": len(rules)})
 
 
+def _write_slot(state: ServerState) -> contextlib.AbstractContextManager:
+    """A place among the voice store's writes (429 beyond), taken before the change, when the change is written."""
+    return state.voice_write_slot() if state.pronunciation.folder is not None else contextlib.nullcontext()
+
+
 async def _save(state: ServerState, dictionary: Dictionary) -> None:
-    """Onto --voices-dir, one write at a time (the voice store's writer: file I/O off the loop)."""
+    """Onto --voices-dir, one write at a time (the voice store's writer: file I/O off the loop), in the order of
+    the changes, so the file ends as the last change left the dictionary."""
     if state.pronunciation.folder is not None:
         await state.write_voices(state.pronunciation.save, dictionary)
 
