@@ -16,7 +16,10 @@ from elevenlabs import ElevenLabs
 from elevenlabs.core import ApiError as ElevenLabsError
 
 from conftest import FIXTURES
-from omni_tts.entrypoints.api.pronunciation.dictionaries import PronunciationDictionaries
+from omni_tts.entrypoints.api.pronunciation.dictionaries import (MAX_DICTIONARIES, MAX_VERSIONS,
+                                                                  PronunciationDictionaries)
+from omni_tts.entrypoints.api.schema import ApiError, PronunciationLocator
+from omni_tts.models.qwen3_tts.lexicon import AliasRule
 from omni_tts.entrypoints.api.pronunciation.rules_file import MAX_FILE_BYTES
 from server_util import ServerProcess, free_port, request, ws_utterance
 
@@ -119,6 +122,25 @@ async def test_a_rule_spanning_two_websocket_pieces_applies(server, tts_rules):
     audio, events = await ws_utterance(server.url, [config, *pieces, {"type": "input.done"}])
     assert events[-1]["type"] == "session.done", events
     assert audio == speech(server, "I like text to speech a lot.")
+
+
+def test_versions_and_dictionaries_are_bounded():
+    store = PronunciationDictionaries(None)   # in memory, as without --voices-dir
+    first = store.create("d", None, [AliasRule("a", "b")])
+    for n in range(MAX_VERSIONS):
+        latest = store.change(first.id, [AliasRule("a", f"v{n}")])
+    assert len(latest.versions) == MAX_VERSIONS and first.latest not in latest.versions
+    with pytest.raises(ApiError) as dropped:
+        store.lexicon_for([PronunciationLocator(first.id, first.latest.version_id)], None)
+    assert dropped.value.status == 400 and f"keeps its {MAX_VERSIONS} latest" in dropped.value.message
+    second = latest.versions[1].version_id   # an older kept version still speaks its own rules
+    assert store.lexicon_for([PronunciationLocator(first.id, second)], None).apply("a") == "v1"
+    assert len(store.lexicons) == MAX_VERSIONS   # the dropped version's rules are not held
+    for _ in range(MAX_DICTIONARIES - 1):
+        store.create("more", None, [])
+    with pytest.raises(ApiError) as full:
+        store.create("one too many", None, [])
+    assert full.value.status == 413
 
 
 BAD_FILES = [  # (file, status, what the message says)
