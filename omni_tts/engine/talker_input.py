@@ -1,13 +1,15 @@
 """A SynthesisRequest → the talker's input, prepared one way for offline synthesis (offline.py), the server's input
 processor (orchestrator/input_processor.py) and the talker stage (stages/talker_stage.py).
 
-`prepare_talker_input` tokenizes and checks the request, resolves its sampling and its token limit, and keeps the
-voice it gives as data (ICL reference codes, an x-vector); where the talker runs, `give_voice` puts that voice into
+`prepare_talker_input` applies the request's pronunciation aliases to its text (models/qwen3_tts/lexicon.py), tokenizes
+and checks the request, resolves its sampling and its token limit, and keeps the voice it gives as data (ICL reference
+codes, an x-vector); where the talker runs, `give_voice` puts that voice into
 the prompt, and what is left of a Base voice comes from its clip (Qwen3TTS.add_voice_features: in the server, on
 the talker stage's voice-feature worker). Then embed_prompt makes the talker's rows.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,8 @@ def prepare_talker_input(prompts: PromptBuilder, generation_config: dict[str, An
     """RequestError names the offending field. sampling_defaults: the server's, over the checkpoint's
     generation_config; text_open: the text arrives later, in pieces (the prompt has no text ids yet);
     token_cap_floor None: no cap on the token limit by the text's length (`token_limit`)."""
+    if request.lexicon is not None and not text_open:  # a text in pieces meets its lexicon in AsyncTTS's TextStream
+        request = dataclasses.replace(request, text=request.lexicon.apply(request.text))
     prompt = prompts.tokenize(request, text_open)   # checks ref_codes and speaker_embedding too
     try:
         sampling = resolve_sampling(request.sampling, generation_config, sampling_defaults)

@@ -26,6 +26,7 @@ from omni_tts.connectors.kinds import ConnectorSpec
 from omni_tts.engine.token_limit import token_limit
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.incremental_tokenizer import IncrementalTokenizer
+from omni_tts.models.qwen3_tts.lexicon import Lexicon
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
 from omni_tts.stages.messages import AddRequest, AppendText, StageStats
@@ -175,7 +176,8 @@ class AsyncTTS:
             self.client.set_deadline(state, "end", started + timeout,
                                      f"the speech did not finish within {timeout:g} s")
         ref_frames = 0 if request.ref_codes is None else len(request.ref_codes)
-        stream = TextStream(self.client, self.processor, state, add, ref_frames, first_audio_timeout, idle_timeout)
+        stream = TextStream(self.client, self.processor, state, add, ref_frames, first_audio_timeout, idle_timeout,
+                            request.lexicon)
         stream.wait_for_text()
         return stream
 
@@ -232,12 +234,16 @@ class TextStream:
     """
 
     def __init__(self, client: StageClient, processor: InputProcessor, state: RequestState, add: AddRequest,
-                 ref_frames: int, first_audio_timeout: float | None, idle_timeout: float) -> None:
-        """ref_frames: the given ICL reference codes' frames (SynthesisRequest.ref_codes), which the prompt holds."""
+                 ref_frames: int, first_audio_timeout: float | None, idle_timeout: float,
+                 lexicon: Lexicon | None = None) -> None:
+        """ref_frames: the given ICL reference codes' frames (SynthesisRequest.ref_codes), which the prompt holds.
+        lexicon: the request's pronunciation aliases (SynthesisRequest.lexicon)."""
         self.client, self.processor, self.state, self.add = client, processor, state, add
         self.ref_frames = ref_frames
         self.first_audio_timeout, self.idle_timeout = first_audio_timeout, idle_timeout
         self.tokenizer = IncrementalTokenizer(processor.prompts.tokenizer)
+        # the pronunciation aliases of the text that comes (a rule that spans two pieces applies: its tail waits)
+        self.aliases = None if lexicon is None else lexicon.stream()
         self.ids: list[int] = []       # role ids, then text ids, as they became final
         self.in_stages = False         # its AddRequest went out
         self.text_done = False
@@ -253,14 +259,14 @@ class TextStream:
         if self.text_done:
             raise RuntimeError("the text has been finished")
         self.wait_for_text()
-        await self._send(await self.processor.tokenize(self.tokenizer.feed, text), done=False)
+        await self._send(await self.processor.tokenize(self._feed, text), done=False)
 
     async def finish(self) -> None:
         """End the text: what was held back goes out, with tts_eos and the whole text's token limit."""
         if self.text_done:
             return
         self.text_done = True
-        ids = await self.processor.tokenize(self.tokenizer.finish)
+        ids = await self.processor.tokenize(self._finish)
         self.client.clear_deadline(self.state, "idle")
         if self.tokenizer.is_blank:
             raise self._fail(RequestError("input", EMPTY_INPUT))
@@ -268,6 +274,13 @@ class TextStream:
         if self.first_audio_timeout is not None and self.state.num_samples == 0:
             self.client.set_deadline(self.state, "first_audio", _now() + self.first_audio_timeout,
                                      f"no audio within {self.first_audio_timeout:g} s of the text's end")
+
+    def _feed(self, text: str) -> list[int]:
+        return self.tokenizer.feed(text if self.aliases is None else self.aliases.feed(text))
+
+    def _finish(self) -> list[int]:
+        ids = [] if self.aliases is None else self.tokenizer.feed(self.aliases.finish())
+        return ids + self.tokenizer.finish()
 
     def wait_for_text(self) -> None:
         """(Re)start the idle deadline: the request fails if no text comes within idle_timeout."""

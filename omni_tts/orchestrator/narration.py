@@ -36,6 +36,7 @@ import numpy as np
 from omni_tts.config.settings import NarrationSettings
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.lexicon import spoken_text
 from omni_tts.models.qwen3_tts.prompt import PromptBuilder, SynthesisRequest
 from omni_tts.models.qwen3_tts.sampling_params import MAX_SEED
 
@@ -236,7 +237,8 @@ class Narration:
         if codes is None or codes.shape[0] == 0:
             self.cloned.set_exception(RequestFailed("the first segment made no audio to keep its voice from"))
             return
-        self.cloned.set_result(dataclasses.replace(self.template, ref_codes=codes, ref_text=request.text))
+        self.cloned.set_result(dataclasses.replace(self.template, ref_codes=codes,
+                                                   ref_text=spoken_text(request.text, request.lexicon)))
 
     def anchor_failed(self, error: Exception) -> None:
         if self.cloned is not None and not self.cloned.done():

@@ -67,6 +67,24 @@ def check_words(words: list[tuple[str, float, float]], text: str, seconds: float
     assert offset <= times[0] and times[-1] <= offset + seconds + 1e-3
 
 
+def test_a_pronunciation_rule_keeps_the_clients_words(server):
+    """The audio says the rule's alias, and the words are the client's, each timed by the aligner over the text the
+    client sent (this server keeps its dictionaries in memory: it has no --voices-dir)."""
+    status, _, body = request(server.url + "/v1/pronunciation-dictionaries/add-from-rules", {
+        "name": "acronyms", "rules": [{"type": "alias", "string_to_replace": "TTS", "alias": "text to speech"}]})
+    assert status == 200, body
+    locator = [{"pronunciation_dictionary_id": json.loads(body)["id"]}]
+    text = "I like TTS a lot."
+    status, _, body = speak(server, input=text, response_format="json", pronunciation_dictionary_locators=locator)
+    assert status == 200, body[:300]
+    answer = json.loads(body)
+    audio = base64.b64decode(answer["audio"])
+    plain = json.loads(speak(server, input="I like text to speech a lot.", response_format="json")[2])
+    assert audio == base64.b64decode(plain["audio"])
+    check_words([(w["word"], w["start"], w["end"]) for w in answer["words"]], text, sf.info(io.BytesIO(audio)).duration)
+    assert "TTS" in [w["word"] for w in answer["words"]]
+
+
 def test_whole_file_carries_them_in_a_header(server):
     status, headers, body = speak(server, response_format="wav")
     assert status == 200, body[:300]

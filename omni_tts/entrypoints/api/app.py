@@ -3,12 +3,12 @@ orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it
 
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
 /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
-(voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
-GET / and /playground/{name} (playground.py), WS /v1/realtime (openai_realtime/: OpenAI's Realtime API reading
-text aloud). CPU work
-(tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
-the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket
-session one per utterance and one at its end (access_log.py).
+(voice_routes.py), /v1/pronunciation-dictionaries (pronunciation/dictionary_routes.py), GET /v1/models, /health,
+/metrics, /version (info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name}
+(playground.py), WS /v1/realtime (openai_realtime/: OpenAI's Realtime API reading text aloud). CPU work (tokenizer:
+single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on the loop.
+Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket session one
+per utterance and one at its end (access_log.py).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from .cors import Cors
 from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
+from .pronunciation.dictionary_routes import PRONUNCIATION_ROUTES
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
 from .speech_batch import create_speech_batch
 from .speech_stream import speech_stream
@@ -66,6 +67,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         web.post("/v1/audio/speech/batch", create_speech_batch),
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
+        *PRONUNCIATION_ROUTES,
         *INFO_ROUTES,
         *REALTIME_ROUTES,
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None,

@@ -23,6 +23,7 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AU
                                            REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
                                            ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
 
+from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
 from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
                                SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING, VOICE_LIST)
 
@@ -218,6 +219,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                         "400": _error("the model is not a Base (voice clone) model"),
                         "404": _error("no such voice, or voice uploads are disabled"),
                         "503": _error("a stage is down and restarting; see Retry-After")}}},
+        **pronunciation_paths(),
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
                                                                        "to, the primary first")}}},
@@ -261,7 +263,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
             "VoiceEmbedding": VOICE_EMBEDDING,
             "VoiceDeleted": VOICE_DELETED, "ModelList": MODEL_LIST, "Health": HEALTH, "Usage": USAGE,
             "SpeechBatchResponse": BATCH_RESPONSE,
-            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON}},
+            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON} | pronunciation_schemas()},
     }
     if api_key_required:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}

@@ -62,6 +62,15 @@ class VoiceId(msgspec.Struct, forbid_unknown_fields=True):
     id: Name
 
 
+MAX_PRONUNCIATION_LOCATORS = 3   # ElevenLabs' limit per request
+
+
+class PronunciationLocator(msgspec.Struct, forbid_unknown_fields=True):
+    """An uploaded pronunciation dictionary (api/pronunciation/), at a version (None: its latest)."""
+    pronunciation_dictionary_id: Name
+    version_id: Name | None = None
+
+
 class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     """Everything of a speech request but its text and how the HTTP response streams: what a WebSocket session
     configures once for all its utterances. The sampling fields (max_new_tokens, seed, temperature, ...) and their
@@ -88,6 +97,9 @@ class SpeechOptions(SamplingParams, forbid_unknown_fields=True, kw_only=True):
     sentence_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = NarrationSettings.sentence_pause_ms
     paragraph_pause_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_PAUSE_MS)] = NarrationSettings.paragraph_pause_ms
     start_segment: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # ElevenLabs': uploaded dictionaries whose alias rules apply to the text, before the voice's and the server's
+    pronunciation_dictionary_locators: Annotated[
+        list[PronunciationLocator], msgspec.Meta(max_length=MAX_PRONUNCIATION_LOCATORS)] | None = None
 
     @property
     def voice_name(self) -> str | None:

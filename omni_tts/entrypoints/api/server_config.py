@@ -2,12 +2,13 @@
 config/settings.py) and what the server made of its other options."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omni_tts.audio.url_fetch import UrlPolicy
 from omni_tts.config.settings import ApiSettings
 from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.entrypoints.api.names import accepted_model_names
+from omni_tts.entrypoints.api.pronunciation.dictionaries import ServerLexicons
 from omni_tts.voices.manifest import VoiceManifest
 
 
@@ -19,6 +20,8 @@ class ServerConfig(ApiSettings):
     api_key: str | None = None                 # when set, every route but openapi.OPEN_PATHS needs the key
     aligner: AlignerClient | None = None       # the forced aligner (word_timestamps), started with the app; None:
                                                # the field is refused
+    # --pronunciation-dictionary's rules and --voice-pronunciation-dictionary's, read at start-up
+    pronunciation: ServerLexicons = field(default_factory=ServerLexicons)
     random_weights: bool = False               # the embedded tiny model (no --model): /v1/models says it speaks noise
 
     @property

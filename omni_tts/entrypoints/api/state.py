@@ -20,6 +20,7 @@ from omni_tts.orchestrator.aligner_client import AlignerClient
 from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.stages.messages import StageStats
 
+from .pronunciation.dictionaries import PronunciationDictionaries
 from .server_config import ServerConfig
 from .in_flight import InFlight
 
@@ -53,6 +54,7 @@ class ServerState:
         self.admitted = 0
         self.in_flight = in_flight
         self.aligner: AlignerClient | None = None   # word timestamps; None: the server has no forced aligner
+        self.pronunciation = PronunciationDictionaries(config.voices_dir, config.pronunciation)
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` in the audio pool."""

@@ -11,6 +11,7 @@ from omni_tts.audio.ref_audio import RefAudioError, fetch_ref_audio
 from omni_tts.entrypoints.api.names import VoiceChoice, unknown_uploaded_voice
 from omni_tts.entrypoints.api.schema import ApiError, SpeechOptions, SpeechRequest
 from omni_tts.voices.store import VoiceError
+from omni_tts.models.qwen3_tts.lexicon import Lexicon
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest, check_speaker_embedding
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.orchestrator.types import SpeechChunk
@@ -58,7 +59,14 @@ async def check_speech_request(state: ServerState, speech: SpeechOptions) -> Voi
                  "speaker_embedding" if speech.speaker_embedding is not None else None)
     name, voices = speech.voice_name, state.voices
     uploaded = voices is not None and name is not None and await state.run_voices(voices.__contains__, name)
-    return state.voice_names.choose(name, reference, lambda _: uploaded)
+    voice = state.voice_names.choose(name, reference, lambda _: uploaded)
+    pronunciation_lexicon(state, speech, voice)   # a locator that finds nothing is refused here
+    return voice
+
+
+def pronunciation_lexicon(state: ServerState, speech: SpeechOptions, voice: VoiceChoice) -> Lexicon | None:
+    """The alias rules of the request's pronunciation dictionaries, its voice's and the server's."""
+    return state.pronunciation.lexicon_for(speech.pronunciation_dictionary_locators, voice.speaker or voice.uploaded)
 
 
 async def check_speech(state: ServerState, speech: SpeechRequest) -> VoiceChoice:
@@ -110,7 +118,7 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         text=text, task_type=speech.task_type, voice=voice.speaker, language=speech.language,
         instructions=speech.instructions, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only,
         speaker_embedding=embedding, non_streaming_mode=speech.non_streaming_mode,
-        sampling=SamplingParams.of(speech))
+        sampling=SamplingParams.of(speech), lexicon=pronunciation_lexicon(state, speech, voice))
     return synthesis, voice_version
 
 

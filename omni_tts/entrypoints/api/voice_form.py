@@ -18,7 +18,7 @@ _VOICE_FORM = ("the body must be multipart/form-data with the fields name and au
 _MAX_TEXT_FIELD_BYTES = 64 * 1024   # what a text field may hold in memory; VoiceUpload checks the real limits
 
 
-async def _read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
+async def read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> bytes:
     data = bytearray()
     while chunk := await part.read_chunk():
         data += chunk
@@ -47,12 +47,12 @@ async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUp
                 also = f" ('{part.name}' is another name for it)" if part.name != field else ""
                 raise ApiError(400, f"multipart field '{field}' is given more than once{also}", field)
             if field in VOICE_FORM_FILES:
-                fields[field] = await _read_part(part, max_audio_bytes, field)
+                fields[field] = await read_part(part, max_audio_bytes, field)
                 continue
             if part.filename is not None:
                 raise ApiError(400, f"multipart field '{field}' must be a text field, not a file", field)
             try:
-                fields[field] = (await _read_part(part, _MAX_TEXT_FIELD_BYTES, field)).decode("utf-8")
+                fields[field] = (await read_part(part, _MAX_TEXT_FIELD_BYTES, field)).decode("utf-8")
             except UnicodeDecodeError:
                 raise ApiError(400, f"multipart field '{field}' is not valid UTF-8", field) from None
     except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body

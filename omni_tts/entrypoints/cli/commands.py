@@ -159,6 +159,13 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="Base models: read-only voices prepared offline, a JSON or YAML file {\"voices\": [{\"name\", "
                         "\"audio\" (a path relative to the file), \"ref_text\"?, \"consent\"?}]}, checked at start-up; "
                         "listed and spoken as uploaded voices, never replaced or deleted (default: none)")
+    p.add_argument("--pronunciation-dictionary", action="append", default=[], metavar="FILE",
+                   help="alias rules for every request: a PLS lexicon (XML) or JSON rules ([{\"string_to_replace\", "
+                        "\"alias\", \"case_sensitive\"?, \"word_boundaries\"?}]); repeatable, the first file's "
+                        "rules first; a request's and its voice's dictionaries come before them (default: none)")
+    p.add_argument("--voice-pronunciation-dictionary", action="append", default=[], metavar="VOICE=FILE",
+                   help="alias rules for the requests that speak VOICE (a speaker, or an uploaded voice's name), "
+                        "before the server's; repeatable (default: none)")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
     p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",

@@ -22,7 +22,9 @@ from omni_tts import package_version
 if TYPE_CHECKING:  # imported where they are used: `serve` binds its port before these (and torch) are loaded
     from omni_tts.audio.url_fetch import UrlPolicy
     from omni_tts.config import PipelineConfig
+    from omni_tts.entrypoints.api.pronunciation.dictionaries import ServerLexicons
     from omni_tts.entrypoints.api.server_config import ServerConfig
+    from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
     from omni_tts.orchestrator.async_tts import AsyncTTS
     from omni_tts.orchestrator.aligner_client import AlignerClient
     from omni_tts.entrypoints.api.socket_server import Loaded
@@ -204,7 +206,37 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
     manifest = load_voices_manifest(args.voices_manifest, checkpoint) if args.voices_manifest else None
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
     return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
-                        ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args))
+                        ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args),
+                        pronunciation=server_lexicons(args, checkpoint))
+
+
+def server_lexicons(args: argparse.Namespace, checkpoint: Qwen3TTSConfig) -> ServerLexicons:
+    """--pronunciation-dictionary's and --voice-pronunciation-dictionary's rules; ValueError (one line) for a file
+    that cannot be used, or a voice that is no speaker of a CustomVoice checkpoint."""
+    from omni_tts.entrypoints.api.pronunciation.rules_file import read_rules_file
+    from omni_tts.entrypoints.api.pronunciation.dictionaries import ServerLexicons
+    from omni_tts.models.qwen3_tts.lexicon import AliasRule, Lexicon
+
+    def rules(flag: str, path: str) -> list[AliasRule]:
+        try:
+            return read_rules_file(path)
+        except ValueError as e:
+            raise ValueError(f"{flag} {e}") from None
+
+    server = [rule for path in args.pronunciation_dictionary for rule in rules("--pronunciation-dictionary", path)]
+    voices: dict[str, list[AliasRule]] = {}
+    speakers = {name.lower() for name in checkpoint.talker.spk_id}
+    for entry in args.voice_pronunciation_dictionary:
+        voice, _, path = entry.partition("=")
+        if not voice.strip() or not path:
+            raise ValueError(f"--voice-pronunciation-dictionary takes VOICE=FILE, got {entry!r}")
+        voice = voice.strip().lower()
+        if checkpoint.tts_model_type == "custom_voice" and voice not in speakers:
+            raise ValueError(f"--voice-pronunciation-dictionary {entry}: '{voice}' is not a speaker of this "
+                             f"checkpoint; speakers: {', '.join(sorted(speakers))}")
+        voices.setdefault(voice, []).extend(rules("--voice-pronunciation-dictionary", path))
+    return ServerLexicons(Lexicon.combine([Lexicon(tuple(server))]),
+                          {voice: Lexicon(tuple(found)) for voice, found in voices.items() if found})
 
 
 def listener_url(listener: socket.socket) -> str:

@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .checkpoint_config import Qwen3TTSConfig
+from .lexicon import Lexicon
 from .sampling import SamplingParams
 from .talker import Talker
 from .text_tokenizer import EMPTY_INPUT, TEMPLATE_HEAD, TEMPLATE_TAIL, split_template, strip_leading_newlines
@@ -58,6 +59,8 @@ class SynthesisRequest:
     ref_codes: np.ndarray | None = None
     non_streaming_mode: bool | None = None  # None = the variant's default (§7.3)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # pronunciation aliases, applied to `text` (whole or streamed) before it is tokenized (input_processor.py)
+    lexicon: Lexicon | None = None
 
 
 class TalkerPrompt(msgspec.Struct, omit_defaults=True):
