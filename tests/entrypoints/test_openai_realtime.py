@@ -7,12 +7,11 @@ import base64
 import json
 
 import aiohttp
-import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
 
-from audio_util import g711_bound, g711_decode
+from audio_util import assert_same_audio
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
 from omni_tts.config.stage_config import load_stage_config
 from omni_tts.entrypoints.api.app import build_app
@@ -35,21 +34,6 @@ async def speech(url: str, text: str, **fields) -> bytes:
     async with aiohttp.ClientSession() as http, http.post(url + "/v1/audio/speech", json=body) as response:
         assert response.status == 200, await response.text()
         return await response.read()
-
-
-def assert_same_audio(got: bytes, expected: bytes, fmt: str = "pcm") -> None:
-    """Equal audio, up to the rounding of one sample: the code2wav scheduler cuts a stream's chunks into pieces by
-    playback deadline, so with the machine's timing the decoder's float32 sums can round a 16-bit sample 1 LSB apart
-    (rare: most runs are byte-equal), and G.711 then one step apart."""
-    assert len(got) == len(expected)
-    if got == expected:
-        return
-    if fmt == "pcm":
-        got_samples, samples = (np.frombuffer(data, "<i2").astype(np.int64) for data in (got, expected))
-        assert np.abs(got_samples - samples).max() <= 1
-    else:
-        got_samples, samples = (g711_decode(fmt, data).astype(np.int64) for data in (got, expected))
-        assert np.all(np.abs(got_samples - samples) <= g711_bound(samples) + 1)
 
 
 def connect(url: str):
