@@ -70,7 +70,7 @@ def dashscope_body(error: ApiError, request_id: str) -> dict:
 # path prefix → the body of its API's errors; any other path answers OpenAI's envelope
 ERROR_BODIES: tuple[tuple[str, Callable[[ApiError, str], dict]], ...] = (
     ("/v1/text-to-speech/", elevenlabs_body), ("/v1/voices", elevenlabs_body), ("/v2/voices", elevenlabs_body),
-    ("/v1/pronunciation-dictionaries", elevenlabs_body), ("/api/v1/services/", dashscope_body))
+    ("/v1/pronunciation-dictionaries", elevenlabs_body), ("/api/v1/", dashscope_body))
 
 
 def error_body(error: ApiError, path: str = "", request_id: str = "") -> dict:

@@ -23,13 +23,16 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AU
                                            REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
                                            ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
 
+from .dashscope.audio_links import AUDIO_PATH
+from .dashscope.qwen_openapi import dashscope_paths
 from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
 from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
                                SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING, VOICE_LIST)
 
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
 # for the key); the routes as the router names them, so a path that merely looks like one of them stays guarded
-OPEN_PATHS = ("/health", "/docs", "/", "/playground/{name}")
+# (and DashScope's audio links, whose random id is the permission, as DashScope's signed URLs are)
+OPEN_PATHS = ("/health", "/docs", "/", "/playground/{name}", AUDIO_PATH)
 
 
 def is_open_route(request: web.Request) -> bool:
@@ -251,6 +254,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                               "text/css": {"schema": {"type": "string"}},
                               "image/svg+xml": {"schema": {"type": "string"}}}},
                           "404": _error("no such file")}}},
+        **dashscope_paths(_error("not a WebSocket upgrade request")),
     }
     document = {
         "openapi": "3.1.0",
