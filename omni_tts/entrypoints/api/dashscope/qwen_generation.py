@@ -105,8 +105,7 @@ async def stream_events(request: web.Request, state: ServerState, first: SpeechC
 
     def result(data: str, finish_reason: str) -> dict:
         return {"request_id": rid, "usage": {"characters": characters},
-                "output": {"finish_reason": finish_reason, "audio": {"data": data, "id": audio_id,
-                                                                     "expires_at": 0}}}
+                "output": {"finish_reason": finish_reason, "audio": {"data": data, "id": audio_id}}}
 
     encoder = create_stream_encoder("pcm", SAMPLE_RATE, None)
     try:
