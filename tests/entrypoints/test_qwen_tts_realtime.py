@@ -201,6 +201,25 @@ async def test_bad_input_mid_response_stops_it(in_process_app):
     assert state.admitted == 0 and not state.tts.requests   # stopped before the close
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_idle_session_is_closed(in_process_app, monkeypatch):
+    url, state = in_process_app
+    monkeypatch.setattr(state.config, "stream_idle_timeout", 0.2)
+    events, close_code = await realtime_session(url, [])
+    assert events[-1]["type"] == "error" and "no event for 0.2 s" in events[-1]["error"]["message"]
+    assert close_code == 1000
+
+
+@pytest.mark.xfail(strict=True, reason="DashScope's voice names resolve through the alias table (api/names.py, "
+                                       "another branch of issue 35): check at the merge, then drop this mark")
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_dashscope_voice_name_is_accepted(in_process_app):
+    url, _ = in_process_app
+    events, _ = await realtime_session(url, [{"type": "session.update", "session": {"voice": "Cherry"}},
+                                             {"type": "session.finish"}])
+    assert [event["type"] for event in events] == ["session.updated", "session.finished"]
+
+
 COMMIT = None
 
 

@@ -253,14 +253,18 @@ class RealtimeSession:
                     await self.send(message)
                 self.log.utterance_ended(200)
             await self._feed()
-        except REQUEST_ERRORS as e:
-            await self.fail(api_error(e))
         except ConnectionError:
             pass  # the client went away; the session ends with the connection
+        except Exception as e:
+            if not isinstance(e, REQUEST_ERRORS):
+                logger.exception("qwen-tts realtime response failed")
+            # shielded: fail stops this task's response (a cancel meanwhile must not cut the close short)
+            await asyncio.shield(self.fail(api_error(e) if isinstance(e, REQUEST_ERRORS) else
+                                           ApiError(500, "internal error; see the server log")))
 
     async def _stop(self, response: Response) -> None:
         """Barge-in: the response's task ends, its request is aborted in every stage and its slot freed."""
-        if response.task is not None and response.task is not asyncio.current_task():   # fail() in it
+        if response.task is not None:
             response.task.cancel()
             await asyncio.gather(response.task, return_exceptions=True)
         await response.turn.cancel()
