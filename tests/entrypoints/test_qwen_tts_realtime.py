@@ -166,6 +166,28 @@ async def realtime_session(url: str, messages: list, wait_for_audio: bool = Fals
             return events, ws.close_code
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_clear_drops_the_buffer_and_deltas_are_in_the_sessions_format_and_rate(in_process_app):
+    url, state = in_process_app
+    update = {"type": "session.update", "session": dict(GREEDY, voice="vivian", mode="commit",
+                                                        response_format="wav", sample_rate=16000)}
+    events, close_code = await realtime_session(url, [
+        update, {"type": "input_text_buffer.append", "text": "Never spoken."}, {"type": "input_text_buffer.clear"},
+        {"type": "input_text_buffer.append", "text": TEXT}, {"type": "input_text_buffer.commit"},
+        {"type": "session.finish"}])
+    types = [event["type"] for event in events]
+    assert types[:3] == ["session.updated", "input_text_buffer.cleared", "input_text_buffer.committed"]
+    assert types[-1] == "session.finished" and close_code == 1000
+    assert events[0]["session"] | {"response_format": "wav", "sample_rate": 16000} == events[0]["session"]
+    wav = b"".join(base64.b64decode(event["delta"]) for event in events if event["type"] == "response.audio.delta")
+    async with aiohttp.ClientSession() as http:
+        body = dict(GREEDY, model="m", input=TEXT, voice="vivian", response_format="wav", sample_rate=16000,
+                    stream_format="audio", non_streaming_mode=False)
+        async with http.post(url + "/v1/audio/speech", json=body) as response:
+            assert wav == await response.read()   # one streamed WAV: its header first, then 16 kHz samples
+    assert state.admitted == 0
+
+
 UPDATE = {"type": "session.update", "session": dict(GREEDY, voice="vivian", mode="commit")}
 BAD_INPUT = {
     "unknown event type": ([{"type": "response.create"}], "unknown event type 'response.create'"),
@@ -175,6 +197,10 @@ BAD_INPUT = {
     "empty commit": ([UPDATE, {"type": "input_text_buffer.commit"}], "buffer is empty"),
     "update once started": ([{"type": "input_text_buffer.append", "text": "Hi"}, UPDATE], "already started"),
     "unknown voice": ([{"type": "session.update", "session": {"voice": "nobody"}}], "unknown voice 'nobody'"),
+    "unknown language": ([{"type": "session.update", "session": {"language_type": "Klingon"}}],
+                         "unsupported language_type 'Klingon'"),
+    "opus at 22050 Hz": ([{"type": "session.update", "session": {"response_format": "opus", "sample_rate": 22050}}],
+                         "22050"),
 }
 
 
