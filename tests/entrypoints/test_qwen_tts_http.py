@@ -1,18 +1,26 @@
 """DashScope's plain HTTP call to Qwen-TTS (POST /api/v1/services/aigc/multimodal-generation/generation), driven by
 the `dashscope` SDK's MultiModalConversation.call, unmodified, pointed at the server by the base URL the SDK reads
 (`dashscope.base_http_api_url`, or DASHSCOPE_HTTP_BASE_URL before it is imported): the whole call's audio (by URL)
-and the streamed call's (base64 PCM) equal /v1/audio/speech's; errors in DashScope's shape. Plus the audio store's
-bounds."""
+and the streamed call's (base64 PCM) equal /v1/audio/speech's; errors in DashScope's shape; --api-key guards the calls, not the
+audio links. Plus the audio store's bounds."""
+import asyncio
 import base64
 import subprocess
 import sys
 
+import aiohttp
 import dashscope
 import pytest
 import requests
+from aiohttp.test_utils import TestServer
 
+from conftest import FIXTURES
+from omni_tts.config.stage_config import load_stage_config
+from omni_tts.entrypoints.api.app import build_app
 from omni_tts.entrypoints.api.dashscope.audio_links import AudioLinks
 from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.entrypoints.api.server_config import ServerConfig
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from server_util import MODEL, environment, request
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 48}
@@ -71,6 +79,23 @@ def test_the_sdk_follows_dashscope_http_base_url(cv_server):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             env=environment({"DASHSCOPE_HTTP_BASE_URL": cv_server.url + "/api/v1"}))
     assert result.stdout.startswith(f"200 {cv_server.url}/api/v1/audio/audio_"), result.stderr
+
+
+@pytest.mark.asyncio
+async def test_the_api_key_guards_the_calls_not_the_audio_links(monkeypatch):
+    """Nothing here reaches the pipeline, which is not started."""
+    engine = AsyncTTS(str(FIXTURES / "tiny-custom-voice"), load_stage_config("cpu_tiny"))
+    app = build_app(engine, ServerConfig(served_model_names=(MODEL,), api_key="the-key"))
+    async with TestServer(app) as server, aiohttp.ClientSession() as http:
+        monkeypatch.setattr(dashscope, "base_http_api_url", str(server.make_url("/api/v1")))
+        response = await asyncio.to_thread(dashscope.MultiModalConversation.call, model="qwen3-tts-flash",
+                                           api_key="wrong", text=TEXT, voice="vivian")
+        assert (response.status_code, response.code) == (401, "InvalidApiKey")
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(server.make_url("/api-ws/v1/realtime"), headers={"Authorization": "Bearer wrong"})
+        assert refused.value.status == 401
+        async with http.get(server.make_url("/api/v1/audio/audio_0123")) as download:
+            assert download.status == 404   # not 401: the link is its own permission
 
 
 def test_the_audio_store_is_bounded_and_expires():
