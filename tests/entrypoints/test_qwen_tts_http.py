@@ -1,8 +1,8 @@
 """DashScope's plain HTTP call to Qwen-TTS (POST /api/v1/services/aigc/multimodal-generation/generation), driven by
 the `dashscope` SDK's MultiModalConversation.call, unmodified, pointed at the server by the base URL the SDK reads
 (`dashscope.base_http_api_url`, or DASHSCOPE_HTTP_BASE_URL before it is imported): the whole call's audio (by URL)
-and the streamed call's (base64 PCM) equal /v1/audio/speech's; errors in DashScope's shape; --api-key guards the calls, not the
-audio links. Plus the audio store's bounds."""
+and the streamed call's (base64 PCM) equal /v1/audio/speech's; errors in DashScope's shape; --api-key guards the
+calls, not the audio links. Plus the audio store's bounds."""
 import asyncio
 import base64
 import subprocess
