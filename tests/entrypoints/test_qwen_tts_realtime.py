@@ -191,6 +191,8 @@ async def test_clear_drops_the_buffer_and_deltas_are_in_the_sessions_format_and_
 UPDATE = {"type": "session.update", "session": dict(GREEDY, voice="vivian", mode="commit")}
 BAD_INPUT = {
     "unknown event type": ([{"type": "response.create"}], "unknown event type 'response.create'"),
+    # our own WebSocket's barge-in means nothing here (client_messages.py reads it only where asked to)
+    "our input.cancel": ([{"type": "input.cancel"}], "unknown event type 'input.cancel'"),
     "malformed JSON": (["{not json"], "not valid JSON"),
     "too large": ([json.dumps({"type": "input_text_buffer.append", "text": "a" * 70_000})], "event too large"),
     "binary frame": ([b"\x00\x01"], "JSON text frames"),

@@ -1,12 +1,13 @@
-"""WS /v1/audio/speech/stream: the client's messages, read as they arrive rather than when the session asks for the
-next, so that a close is seen while the session is busy (a sentence or a narration is spoken before the next message
-is handled) and not only once the whole utterance was spoken.
+"""A WebSocket session's client messages (WS /v1/audio/speech/stream, Qwen-TTS Realtime), read as they arrive
+rather than when the session asks for the next, so that a close is seen while the session is busy (a sentence or a
+narration is spoken before the next message is handled) and not only once the whole utterance was spoken.
 
 At most MAX_BYTES_AHEAD of messages are held ahead of the session; beyond, the reading waits and the socket holds the
 client back, as before. A close (the client's close frame, or the connection lost) cancels what the session is doing
 at once: its requests end and its slot is freed as it unwinds, as when aiohttp cancels a handler whose connection
-dropped. An `input.cancel` (barge-in) does the same to the utterance alone: the messages held before it are dropped
-and the session's task is cancelled, to be resumed by the session (`take_cancel`).
+dropped. Where the session asks for it (`cancel_type`: our WebSocket's `input.cancel`), that message (barge-in) does
+the same to the utterance alone: the messages held before it are dropped and the session's task is cancelled, to be
+resumed by the session (`take_cancel`); elsewhere it is a message like any other.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ class ClientMessages:
     """The reading of one connection, a task of its own from `start` (in the session's task) to `stop` (before the
     session closes the connection)."""
 
-    def __init__(self, ws: web.WebSocketResponse, ending: Callable[[], bool]) -> None:
-        """ending: whether the session is closing the connection itself (a close it caused cancels nothing)."""
-        self.ws, self.ending = ws, ending
+    def __init__(self, ws: web.WebSocketResponse, ending: Callable[[], bool], cancel_type: str | None = None) -> None:
+        """ending: whether the session is closing the connection itself (a close it caused cancels nothing);
+        cancel_type: the type of the message that cancels the session's task (None: none does)."""
+        self.ws, self.ending, self.cancel_type = ws, ending, cancel_type
         self.held: asyncio.Queue[WSMessage | None] = asyncio.Queue()   # None: the connection is closing
         self.held_bytes = 0
         self.room = asyncio.Event()
@@ -90,7 +92,7 @@ class ClientMessages:
                     self.cancelled_session = True
                     self.session.cancel()
                 return
-            if _is_cancel(message):
+            if self.cancel_type is not None and _is_cancel(message, self.cancel_type):
                 while not self.held.empty():   # sent before the cancel: not to be spoken
                     self.held.get_nowait()
                 self.held_bytes = 0
@@ -102,12 +104,12 @@ class ClientMessages:
             self.held.put_nowait(message)
 
 
-def _is_cancel(message: WSMessage) -> bool:
-    """An input.cancel (the substring first: most messages are text pieces, never decoded here)."""
-    if message.type != WSMsgType.TEXT or "input.cancel" not in message.data:
+def _is_cancel(message: WSMessage, cancel_type: str) -> bool:
+    """A message of `cancel_type` (the substring first: most messages are text pieces, never decoded here)."""
+    if message.type != WSMsgType.TEXT or cancel_type not in message.data:
         return False
     try:
-        return msgspec.json.decode(message.data, type=MessageType).type == "input.cancel"
+        return msgspec.json.decode(message.data, type=MessageType).type == cancel_type
     except msgspec.DecodeError:
         return False
 

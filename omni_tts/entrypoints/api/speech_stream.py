@@ -81,7 +81,7 @@ class SpeechSession:
         self.num_configs = 0
         self.failed = False
         self.timestamps: TrailingTimestamps | None = None   # word_timestamps: the trailing audio.chunk events
-        self.messages = ClientMessages(ws, ending=lambda: self.failed)
+        self.messages = ClientMessages(ws, ending=lambda: self.failed, cancel_type="input.cancel")
 
     async def run(self) -> None:
         self.messages.start()   # a client's close (or input.cancel) cancels this task at once, whatever it is doing
