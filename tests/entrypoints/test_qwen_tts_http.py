@@ -14,6 +14,7 @@ import pytest
 import requests
 from aiohttp.test_utils import TestServer
 
+from audio_util import assert_same_audio
 from conftest import FIXTURES
 from omni_tts.config.stage_config import load_stage_config
 from omni_tts.entrypoints.api.app import build_app
@@ -40,17 +41,25 @@ def speech(url: str, **fields) -> bytes:
     return body
 
 
-def test_a_whole_call_returns_its_audio_by_url_equal_to_the_speech_route(base_url):
+def whole_call(**fields) -> tuple[object, bytes]:
     response = dashscope.MultiModalConversation.call(model="qwen3-tts-flash", api_key="any-key", text=TEXT,
-                                                     voice="vivian", language_type="English", speech_rate=1.25,
-                                                     volume=60, **GREEDY)
+                                                     voice="vivian", **GREEDY, **fields)
     assert response.status_code == 200, response.message
-    audio = response.output.audio
-    assert response.output.finish_reason == "stop" and audio.data == "" and response.usage.characters == len(TEXT)
-    assert response.headers["x-omni-tts-ignored-fields"] == "volume"
-    download = requests.get(audio.url, timeout=60)   # as DashScope's sample fetches it: no key, the URL is enough
+    download = requests.get(response.output.audio.url, timeout=60)   # as DashScope's sample: the URL is enough
     assert download.status_code == 200 and download.headers["Content-Type"] == "audio/wav"
-    assert download.content == speech(base_url, response_format="wav", language="english", speed=1.25)
+    return response, download.content
+
+
+def test_a_whole_call_returns_its_audio_by_url_equal_to_the_speech_route(base_url):
+    response, wav = whole_call(language_type="English", volume=60)
+    assert response.output.finish_reason == "stop" and response.output.audio.data == ""
+    assert response.usage.characters == len(TEXT)
+    assert response.headers["x-omni-tts-ignored-fields"] == "volume"
+    expected = speech(base_url, response_format="wav", language="english")
+    assert wav[:44] == expected[:44]
+    assert_same_audio(wav[44:], expected[44:])
+    _, faster = whole_call(language_type="English", speech_rate=2.0)   # our speed change: half the samples
+    assert len(faster) - 44 == 2 * round((len(wav) - 44) / 2 / 2.0)
 
 
 def test_a_streamed_call_sends_base64_pcm_equal_to_the_speech_route(base_url):
@@ -60,7 +69,8 @@ def test_a_streamed_call_sends_base64_pcm_equal_to_the_speech_route(base_url):
     assert [chunk.output.finish_reason for chunk in chunks] == ["null"] * (len(chunks) - 1) + ["stop"]
     assert chunks[-1].usage.characters == len(TEXT)
     pcm = b"".join(base64.b64decode(chunk.output.audio.data) for chunk in chunks)
-    assert len(chunks) > 2 and pcm == speech(base_url, response_format="pcm")
+    assert len(chunks) > 2
+    assert_same_audio(pcm, speech(base_url, response_format="pcm"))
 
 
 def test_errors_come_in_dashscopes_shape(base_url):
