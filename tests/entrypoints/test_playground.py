@@ -171,7 +171,7 @@ def test_a_streamed_request_plays_from_its_first_packet(browser, cv_server):
         browser.get_screenshot_as_file(path)
 
 
-@pytest.mark.parametrize("protocol", ["openai_realtime"])
+@pytest.mark.parametrize("protocol", ["qwen_realtime", "openai_realtime"])
 def test_the_same_speech_through_each_api_the_page_can_pick(browser, cv_server, protocol):
     """The page speaks through another API as that API's browser clients do (the key as its own subprotocol or
     header); the take plays whole and equals /v1/audio/speech's audio for the same text and voice."""

@@ -12,9 +12,10 @@ from omni_tts.entrypoints.api.openapi import is_open_route
 from omni_tts.entrypoints.api.schema import ApiError
 
 SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
-# A browser's WebSocket cannot send headers, only subprotocols: on the stream route the key may come as the
+# A browser's WebSocket cannot send headers, only subprotocols: on a WebSocket route the key may come as the
 # subprotocol `omni-tts.bearer.<the key's UTF-8 in base64url, unpadded>`, offered beside `omni-tts`, the one the
-# server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap).
+# server answers (so the key never comes back, and aiohttp never logs offered protocols that do not overlap); every
+# WebSocket route but OpenAI Realtime's (its clients' own way, below) lists WS_PROTOCOL among its protocols.
 WS_PROTOCOL = "omni-tts"
 WS_KEY_PROTOCOL_PREFIX = WS_PROTOCOL + ".bearer."
 # OpenAI Realtime's browser clients offer `realtime` and `openai-insecure-api-key.<the key>`; `realtime` is answered
@@ -31,7 +32,7 @@ def presented_api_key(request: web.Request) -> bytes | None:
         return given.strip().encode("utf-8", "surrogateescape")
     if "xi-api-key" in request.headers:
         return request.headers["xi-api-key"].strip().encode("utf-8", "surrogateescape")
-    if request.path not in (SPEECH_STREAM_PATH, REALTIME_PATH):
+    if request.headers.get(hdrs.UPGRADE, "").lower() != "websocket":
         return None
     offered = [protocol.strip() for protocol in request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "").split(",")]
     if request.path == REALTIME_PATH:

@@ -10,6 +10,9 @@ from omni_tts.entrypoints.api.schema import ApiError
 
 from ..errors import dashscope_body
 
+REALTIME_PATH = "/api-ws/v1/realtime"
+MAX_MESSAGE_BYTES = 64 * 2**10   # a text piece or a session.update (instructions of MAX_TEXT_CHARS fit, escaped)
+
 
 class ClientEvent(msgspec.Struct, kw_only=True, tag_field="type"):
     event_id: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .audio_links import AUDIO_PATH, AUDIO_TTL_S, MAX_STORED_BYTES
 from .qwen_generation import GENERATION_PATH
-from .qwen_realtime import MAX_MESSAGE_BYTES, REALTIME_PATH
+from .qwen_events import MAX_MESSAGE_BYTES, REALTIME_PATH
 
 DASHSCOPE_ERROR = {"type": "object", "required": ["code", "message", "request_id"],
                    "properties": {"code": {"type": "string"}, "message": {"type": "string"},

@@ -22,19 +22,18 @@ from omni_tts.entrypoints.api.schema import (MAX_NAME_CHARS, ApiError, MessageTy
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 from ..access_log import SessionLog, request_id
+from ..auth import WS_PROTOCOL
 from ..client_messages import ClientMessages
 from ..errors import REQUEST_ERRORS, api_error
 from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
 from ..state import STATE, ServerState
-from .qwen_events import (EVENT_TYPES, ClientEvents, ResponseEvents, ResponseCancel, SessionFinish, SessionUpdate,
-                          TextAppend, TextClear, TextCommit, error_event, event, new_id)
+from .qwen_events import (EVENT_TYPES, MAX_MESSAGE_BYTES, ClientEvents, ResponseCancel, ResponseEvents, SessionFinish,
+                          SessionUpdate, TextAppend, TextClear, TextCommit, error_event, event, new_id)
 from .qwen_fields import QwenSession, billed_characters, given_ignored, speech_options
 from .qwen_text_buffer import TextBuffer
 
 logger = logging.getLogger(__name__)
 
-REALTIME_PATH = "/api-ws/v1/realtime"
-MAX_MESSAGE_BYTES = 64 * 2**10   # a text piece or a session.update (instructions of MAX_TEXT_CHARS fit, escaped)
 
 
 async def qwen_realtime(request: web.Request) -> web.WebSocketResponse:
@@ -42,7 +41,7 @@ async def qwen_realtime(request: web.Request) -> web.WebSocketResponse:
     if len(model) > MAX_NAME_CHARS:
         raise ApiError(400, f"model may have at most {MAX_NAME_CHARS} characters", "model")
     # beyond twice the limit aiohttp closes with 1009; up to it the session answers its error event
-    ws = web.WebSocketResponse(max_msg_size=2 * MAX_MESSAGE_BYTES, autoclose=False)
+    ws = web.WebSocketResponse(max_msg_size=2 * MAX_MESSAGE_BYTES, protocols=(WS_PROTOCOL,), autoclose=False)
     await ws.prepare(request)
     state = request.app[STATE]
     with SessionLog(request, ws, state.in_flight.why_cut) as log:

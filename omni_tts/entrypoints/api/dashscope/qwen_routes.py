@@ -6,7 +6,8 @@ from aiohttp import web
 
 from .audio_links import AUDIO_PATH, AudioLinks
 from .qwen_generation import GENERATION_PATH, QwenGeneration
-from .qwen_realtime import REALTIME_PATH, qwen_realtime
+from .qwen_events import REALTIME_PATH
+from .qwen_realtime import qwen_realtime
 
 
 def dashscope_routes() -> list[web.RouteDef]:

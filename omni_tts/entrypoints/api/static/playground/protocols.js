@@ -79,6 +79,10 @@ function converse(socket, start, receive, signal) {
 async function speakQwenRealtime(text, options, on, signal) {
   const socket = openWebSocket("api-ws/v1/realtime?model=qwen3-tts-flash-realtime");
   const session = {mode: "commit", response_format: "pcm", sample_rate: 24000};
+  // the SDK passes extra keyword arguments into the session: omni_tts takes its sampling fields there
+  for (const field of ["temperature", "seed", "max_new_tokens"]) {
+    if (options[field] !== undefined) session[field] = options[field];
+  }
   if (options.voice) session.voice = options.voice;
   if (options.language) session.language_type = options.language;
   if (options.instructions) session.instructions = options.instructions;
