@@ -44,7 +44,8 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[TTS], app[CONFIG] = tts, config
     # a --default-voice the checkpoint lacks raises ValueError (`omni-tts serve` refuses it before its stages start)
-    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
+    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice,
+                             config.aliases.voices)
 
     async def shared_state(app: web.Application):
         state = app[STATE] = ServerState(tts, config, voice_names, in_flight)

@@ -31,14 +31,14 @@ def _embedding_dim(state: ServerState) -> int | None:
 
 async def list_voices(request: web.Request) -> web.Response:
     """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
-    (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
+    (`object`, `data`), and the alias table's voices: alias → speaker or uploaded voice (`voice_aliases`)."""
     state = request.app[STATE]
     dim = _embedding_dim(state)
     uploaded = [v.to_json(dim) for v in await state.run_voices(state.voices.list)] if state.voices else []
     body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
             "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
-    if state.voice_names.openai:
-        body["voice_aliases"] = state.voice_names.openai
+    if state.voice_names.aliases:
+        body["voice_aliases"] = state.voice_names.aliases
     return web.json_response(body)
 
 

@@ -159,6 +159,10 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="Base models: read-only voices prepared offline, a JSON or YAML file {\"voices\": [{\"name\", "
                         "\"audio\" (a path relative to the file), \"ref_text\"?, \"consent\"?}]}, checked at start-up; "
                         "listed and spoken as uploaded voices, never replaced or deleted (default: none)")
+    p.add_argument("--aliases", metavar="FILE",
+                   help="names clients hard-code, over the default table (README: Models and voices): a JSON or YAML "
+                        "file {\"voices\": {alias: speaker or uploaded voice}, \"models\": {alias: served model "
+                        "name}}, checked at start-up (default: the table alone)")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
     p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",
