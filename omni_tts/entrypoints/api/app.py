@@ -4,7 +4,7 @@ orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS
 /v1/audio/speech/stream (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}
 (voice_routes.py), GET /v1/models, /health, /metrics, /version (info.py), GET /openapi.json and /docs (openapi.py),
-GET / and /playground/{name} (playground.py). CPU work
+GET / and /playground/{name} (playground.py), ElevenLabs' REST routes (elevenlabs/). CPU work
 (tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
 the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket
 session one per utterance and one at its end (access_log.py).
@@ -22,6 +22,7 @@ from .access_log import log_cut_requests, send_request_id
 from .auth import SPEECH_STREAM_PATH, api_key_middleware
 from .server_config import ServerConfig
 from .cors import Cors
+from .elevenlabs import ELEVENLABS_ROUTES
 from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
@@ -66,6 +67,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
         *INFO_ROUTES,
+        *ELEVENLABS_ROUTES,
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None,
                         strict_fields=config.strict_fields),
         *playground_routes(),
