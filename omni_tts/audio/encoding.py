@@ -104,6 +104,12 @@ def content_type(fmt: str) -> str:
     return _CONTENT_TYPES[normalize_format(fmt)]
 
 
+def bit_rate(fmt: str) -> int | None:
+    """The bit rate a `fmt` response is encoded at, in bits per second (None: uncompressed, or lossless)."""
+    spec = _AV_SPECS.get(normalize_format(fmt))
+    return spec.bit_rate if spec is not None else None
+
+
 def _import_av():
     try:
         import av

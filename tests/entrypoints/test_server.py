@@ -176,7 +176,7 @@ def test_a_default_voice_the_checkpoint_lacks_stops_the_start():
     for checkpoint, flag, message in (
             ("tiny-custom-voice", "nobody", "--default-voice 'nobody' is not a voice of this checkpoint; available: "
                                             "aiden, dylan, eric, ono_anna, ryan, serena, sohee, uncle_fu, vivian, or an "
-                                            "OpenAI voice (alloy, "),
+                                            "alias (OpenAI's, ElevenLabs' and DashScope's voice names"),
             ("tiny-voice-design", "alloy", "--default-voice needs a CustomVoice")):
         done = subprocess.run([sys.executable, "-m", "omni_tts.entrypoints.cli", "serve", "--model",
                                str(FIXTURES / checkpoint), "--default-voice", flag, "--port", str(free_port())],

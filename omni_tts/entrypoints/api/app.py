@@ -4,8 +4,9 @@ orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS /v1/audio/speech/stream
 (speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name} (voice_routes.py),
 /v1/pronunciation-dictionaries (pronunciation/dictionary_routes.py), GET /v1/models, /health, /metrics, /version
-(info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py), WS /v1/realtime
-(openai_realtime/: OpenAI's Realtime API reading text aloud), DashScope's Qwen-TTS routes (dashscope/). CPU work
+(info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py), and other APIs'
+routes: ElevenLabs' (elevenlabs/), WS /v1/realtime (openai_realtime/: OpenAI's Realtime API reading text aloud),
+DashScope's Qwen-TTS routes (dashscope/). CPU work
 (tokenizer: single worker inside the pipeline; reference audio, encoding, base64: a small bounded pool) never runs on
 the loop. Each request gets an id (X-Request-Id, the pipeline's request id) and one access-log line, a WebSocket session
 one per utterance and one at its end (access_log.py).
@@ -25,6 +26,7 @@ from .auth import SPEECH_STREAM_PATH, api_key_middleware
 from .server_config import ServerConfig
 from .cors import Cors
 from .dashscope.qwen_routes import dashscope_routes
+from .elevenlabs import ELEVENLABS_ROUTES
 from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
@@ -48,7 +50,8 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[TTS], app[CONFIG] = tts, config
     # a --default-voice the checkpoint lacks raises ValueError (`omni-tts serve` refuses it before its stages start)
-    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice)
+    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice,
+                             config.aliases.voices)
 
     async def shared_state(app: web.Application):
         state = app[STATE] = ServerState(tts, config, voice_names, in_flight)
@@ -71,6 +74,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         *PRONUNCIATION_ROUTES,
         *INFO_ROUTES,
         *REALTIME_ROUTES,
+        *ELEVENLABS_ROUTES,
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None,
                         strict_fields=config.strict_fields),
         *playground_routes(),

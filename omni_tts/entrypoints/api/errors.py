@@ -73,6 +73,15 @@ ERROR_BODIES: tuple[tuple[str, Callable[[ApiError, str], dict]], ...] = (
     ("/v1/pronunciation-dictionaries", elevenlabs_body), ("/api/v1/", dashscope_body))
 
 
+# paths ElevenLabs' API shares with OpenAI's: its clients (is_elevenlabs_client) get its shapes there
+SHARED_PATHS = ("/v1/models",)
+
+
+def is_elevenlabs_client(request: web.BaseRequest) -> bool:
+    """Sent by ElevenLabs' SDK (Fern-made: it names itself), or carrying ElevenLabs' key header."""
+    return request.headers.get("X-Fern-SDK-Name") == "elevenlabs" or "xi-api-key" in request.headers
+
+
 def error_body(error: ApiError, path: str = "", request_id: str = "") -> dict:
     """`error` as the API that serves `path` shapes its errors."""
     for prefix, body in ERROR_BODIES:
@@ -84,7 +93,12 @@ def error_body(error: ApiError, path: str = "", request_id: str = "") -> dict:
 def error_response(error: ApiError, request: web.BaseRequest | None = None) -> web.Response:
     """`error` as its status and body (in the shape of `request`'s API)."""
     headers = {"Retry-After": "1"} if error.status in (429, 503) else None
-    body = error.body() if request is None else error_body(error, request.path, request_id(request))
+    if request is None:
+        body = error.body()
+    elif request.path in SHARED_PATHS and is_elevenlabs_client(request):
+        body = elevenlabs_body(error, request_id(request))
+    else:
+        body = error_body(error, request.path, request_id(request))
     response = web.json_response(body, status=error.status, headers=headers)
     if error.status in (408, 413):  # the body was not read to its end: the connection cannot carry another request
         response.force_close()

@@ -6,17 +6,21 @@ from aiohttp import web
 from omni_tts import package_version
 from omni_tts.models.qwen3_tts.prompt import TASK_TYPES
 
-from .errors import unavailable_message
+from .elevenlabs.voices import elevenlabs_models
+from .errors import is_elevenlabs_client, unavailable_message
 from .state import STATE
 
 TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TYPES.items()}
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """One entry per name the server answers to, the primary first; `root` names the primary in each,
+    """OpenAI's list (ElevenLabs' for its clients: elevenlabs/voices.py): one entry per name listed (names.py), the
+    primary first; `root` names the primary in each,
     `task_type` and `languages` say what a request may ask of the checkpoint, and `random_weights` whether it is the
     embedded tiny model, which speaks noise (the playground reads them)."""
     state = request.app[STATE]
+    if is_elevenlabs_client(request):   # the path is ElevenLabs' too: its clients get its list
+        return web.json_response(elevenlabs_models(state))
     names = state.config.model_names
     checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.tts.config.tts_model_type],
                   "languages": state.tts.prompts.languages, "random_weights": state.config.random_weights}

@@ -26,6 +26,8 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AU
 from .dashscope.audio_links import AUDIO_PATH
 from .dashscope.qwen_openapi import dashscope_paths
 from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
+from .elevenlabs.api_document import elevenlabs_paths
+from .elevenlabs.api_document import error_response as elevenlabs_error
 from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
                                SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING, VOICE_LIST)
 
@@ -256,18 +258,21 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                           "404": _error("no such file")}}},
         **dashscope_paths(_error("not a WebSocket upgrade request")),
     }
+    other_paths, other_schemas = elevenlabs_paths()
+    paths |= other_paths
     document = {
         "openapi": "3.1.0",
         "info": {"title": "omni_tts", "version": "1",
-                 "description": "OpenAI-compatible text-to-speech for Qwen3-TTS. Every error is the OpenAI "
-                                "envelope (ErrorResponse)."},
+                 "description": "OpenAI-compatible text-to-speech for Qwen3-TTS, and ElevenLabs' REST API "
+                                "(tag ElevenLabs). Every error is the OpenAI envelope (ErrorResponse), on "
+                                "ElevenLabs' routes ElevenLabs' (ElevenLabsError)."},
         "paths": paths,
         "components": {"schemas": _request_schemas(model_names, strict_fields) | {
             "ErrorResponse": ERROR_RESPONSE, "Voice": VOICE, "VoiceList": VOICE_LIST,
             "VoiceEmbedding": VOICE_EMBEDDING,
             "VoiceDeleted": VOICE_DELETED, "ModelList": MODEL_LIST, "Health": HEALTH, "Usage": USAGE,
             "SpeechBatchResponse": BATCH_RESPONSE,
-            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON} | pronunciation_schemas()},
+            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON} | pronunciation_schemas() | other_schemas},
     }
     if api_key_required:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
@@ -275,7 +280,8 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
         for path, operations in paths.items():
             if path not in OPEN_PATHS:
                 for operation in operations.values():
-                    operation["responses"]["401"] = _error("missing or wrong API key")
+                    error = elevenlabs_error if path in other_paths else _error
+                    operation["responses"]["401"] = error("missing or wrong API key")
     return document
 
 

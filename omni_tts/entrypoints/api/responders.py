@@ -7,7 +7,7 @@ import base64
 import json
 import logging
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 from aiohttp import web
@@ -25,6 +25,10 @@ from .state import ServerState
 from .word_times import SentenceTimestamps, SpanWords, align_span, header_fields
 
 logger = logging.getLogger(__name__)
+
+# (request, state, speech, first chunk, the rest, arrival time, headers) → the response, once the first audio is there
+Responder = Callable[[web.Request, ServerState, SpeechRequest, SpeechChunk, AsyncIterator[SpeechChunk], float,
+                      dict[str, str]], Awaitable[web.StreamResponse]]
 
 
 async def with_first(first: SpeechChunk, stream: AsyncIterator[SpeechChunk]) -> AsyncIterator[SpeechChunk]:

@@ -45,7 +45,7 @@ VOICE_LIST = {"type": "object", "required": ["object", "data", "voices", "upload
     "voices": {"type": "array", "items": {"type": "string"}, "description": "the speakers and uploaded voices"},
     "uploaded_voices": {"type": "array", "items": {"$ref": SCHEMAS + "Voice"}},
     "voice_aliases": {"type": "object", "additionalProperties": {"type": "string"},
-                      "description": "CustomVoice: the speaker each OpenAI voice name stands for"}}}
+                      "description": "the alias table: the speaker (Base: uploaded voice) each alias stands for"}}}
 VOICE_DELETED = {"type": "object", "required": ["id", "object", "deleted", "success", "name"], "properties": {
     "id": {"type": "string"}, "object": {"const": "audio.voice.deleted"}, "deleted": {"const": True},
     "success": {"const": True}, "name": {"type": "string"}, "message": {"type": "string"}}}

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from omni_tts.audio.url_fetch import UrlPolicy
 from omni_tts.config.settings import ApiSettings
 from omni_tts.orchestrator.aligner_client import AlignerClient
-from omni_tts.entrypoints.api.names import accepted_model_names
+from omni_tts.entrypoints.api.aliases import AliasFile
+from omni_tts.entrypoints.api.names import accepted_model_names, served_model
 from omni_tts.entrypoints.api.pronunciation.dictionaries import ServerLexicons
 from omni_tts.voices.manifest import VoiceManifest
 
@@ -22,8 +23,14 @@ class ServerConfig(ApiSettings):
                                                # the field is refused
     # --pronunciation-dictionary's rules and --voice-pronunciation-dictionary's, read at start-up
     pronunciation: ServerLexicons = field(default_factory=ServerLexicons)
+    aliases: AliasFile = field(default_factory=AliasFile)   # --aliases' voices and models, over the default table
     random_weights: bool = False               # the embedded tiny model (no --model): /v1/models says it speaks noise
 
     @property
     def model_names(self) -> tuple[str, ...]:
+        """What /v1/models lists: the served names, then OpenAI's TTS names (unless --no-openai-aliases)."""
         return accepted_model_names(self.served_model_names, self.openai_aliases)
+
+    def served_model(self, model: str) -> str | None:
+        """The served name a request's `model` stands for (names.served_model), None for none."""
+        return served_model(model, self.served_model_names, self.openai_aliases, self.aliases.models)

@@ -18,7 +18,7 @@ from .access_log import SPEECH_LOG, SpeechLog, request_id
 from .admission import Admission
 from .narrated_file import respond_narrated_file
 from .narrated_speech import is_narrated, narration_plan, open_narration
-from .responders import respond_audio_stream, respond_sse, respond_whole
+from .responders import Responder, respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
 from .synthesis import build_synthesis_request, check_speech, open_speech
 from .word_times import check_word_timestamps
@@ -59,18 +59,35 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         if speech.streaming:
             raise ApiError(400, "response_format 'json' is a whole response: it cannot stream", "response_format")
         speech = msgspec.structs.replace(speech, response_format="wav")   # the audio inside the JSON
+    headers = {IGNORED_FIELDS_HEADER: describe_fields(ignored)} if ignored else {}
+    respond = functools.partial(respond_whole, json_body=json_body) if not speech.streaming else None
+    narrated = functools.partial(respond_narrated_file, json_body=json_body) if not speech.streaming else None
+    return await answer_speech(request, speech, arrived, headers, respond, narrated)
+
+
+async def answer_speech(request: web.Request, speech: SpeechRequest, arrived: float, headers: dict[str, str],
+                        respond: Responder | None = None, narrated: Responder | None = None) -> web.StreamResponse:
+    """A decoded speech request's answer (POST /v1/audio/speech, ElevenLabs' text-to-speech routes): every check
+    before admission, the slot, the first audio, then the responder: `respond` for one request, `narrated` for a
+    narrated input; None: the one the request's fields choose (raw audio stream, or SSE). `request[SPEECH_LOG]` is
+    set by the caller."""
+    state = request.app[STATE]
     voice = await check_speech(state, speech)
     check_word_timestamps(state, speech, speech.streaming and speech.stream_format == "audio")
-    headers = {VOICE_IGNORED_HEADER: voice.ignored} if voice.ignored else {}
-    if ignored:
-        headers[IGNORED_FIELDS_HEADER] = describe_fields(ignored)
+    if voice.ignored:
+        headers = headers | {VOICE_IGNORED_HEADER: voice.ignored}
     segments = await narration_plan(state, speech, speech.input)
     segments = segments if is_narrated(speech, segments) else None
     if segments is not None and speech.speed != 1.0:
         raise ApiError(400, "speed must be 1.0 for a narrated input (longer than one segment)", "speed")
+    if speech.streaming and speech.stream_format == "audio":
+        default = respond_audio_stream
+    else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)
+        default = respond_sse
+    respond = (respond if segments is None else narrated) or default
     # the slot is taken before any expensive work: a reference-audio fetch or decode counts against admission
     with Admission(state) as admission:
-        return await _speak(request, state, speech, voice, arrived, admission, headers, json_body, segments)
+        return await _speak(request, state, speech, voice, arrived, admission, headers, segments, respond)
 
 
 def _accepts_json_first(request: web.Request) -> bool:
@@ -79,8 +96,8 @@ def _accepts_json_first(request: web.Request) -> bool:
 
 
 async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest, voice: VoiceChoice,
-                 arrived: float, admission: Admission, headers: dict[str, str],
-                 json_body: bool, segments: list | None) -> web.StreamResponse:
+                 arrived: float, admission: Admission, headers: dict[str, str], segments: list | None,
+                 respond: Responder) -> web.StreamResponse:
     """A pipeline error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
@@ -92,16 +109,9 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
                                 log)
     async with opened as (first, stream):
         if first.replica is not None:
-            headers[REPLICA_HEADER] = first.replica
+            headers = headers | {REPLICA_HEADER: first.replica}
         log.ttfp = time.monotonic() - arrived
         state.metrics.ttfp.observe(log.ttfp)
-        if not speech.streaming:
-            respond = functools.partial(respond_whole if segments is None else respond_narrated_file,
-                                        json_body=json_body)
-        elif speech.stream_format == "audio":
-            respond = respond_audio_stream
-        else:  # stream_format sse, or `stream: true` alone (vllm-omni's meaning: SSE)
-            respond = respond_sse
         return await respond(request, state, speech, first, stream, arrived, headers)
 
 
@@ -109,8 +119,10 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
 async def count_speech_requests(request: web.Request, handler) -> web.StreamResponse:
     """The one place speech requests are counted, by their response's status (validation errors included, as
     error_middleware, inside this one, renders them) or `abort` when the client went away; an error status by its
-    kind too (an error after the response started is counted where it ends the stream: responders.py)."""
-    if request.match_info.handler is not create_speech:
+    kind too (an error after the response started is counted where it ends the stream: responders.py). ElevenLabs'
+    text-to-speech routes are speech requests too."""
+    if request.match_info.handler is not create_speech and not (
+            request.method == "POST" and request.path.startswith("/v1/text-to-speech/")):
         return await handler(request)
     status = "abort"
     try:

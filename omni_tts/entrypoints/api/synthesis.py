@@ -32,11 +32,16 @@ def check_output(options: SpeechOptions, streaming: bool) -> None:
                             "utterance); send a non-streaming request to change the speed", "speed")
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    """A request's `model`, when given, must be a name the server answers to (404 otherwise)."""
-    if model is not None and model not in state.config.model_names:
-        raise ApiError(404, f"model '{model}' is not served here; available: "
-                            f"{', '.join(state.config.model_names)}", "model", "model_not_found")
+def check_model(state: ServerState, model: str | None) -> str:
+    """The served model a request's `model` stands for (names.served_model; absent: the primary), or 404."""
+    if model is None:
+        return state.config.served_model_names[0]
+    served = state.config.served_model(model)
+    if served is None:
+        raise ApiError(404, f"model '{model}' is not served here; available: {', '.join(state.config.model_names)}, "
+                            "or an alias (ElevenLabs', DashScope's and OpenAI Realtime's model names)", "model",
+                       "model_not_found")
+    return served
 
 
 async def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
@@ -58,8 +63,12 @@ async def check_speech_request(state: ServerState, speech: SpeechOptions) -> Voi
     reference = ("ref_audio" if speech.ref_audio is not None else
                  "speaker_embedding" if speech.speaker_embedding is not None else None)
     name, voices = speech.voice_name, state.voices
-    uploaded = voices is not None and name is not None and await state.run_voices(voices.__contains__, name)
-    voice = state.voice_names.choose(name, reference, lambda _: uploaded)
+    uploaded = set()
+    if voices is not None:   # the name, and the uploaded voice it may be an alias of
+        for candidate in {n for n in (name, state.voice_names.alias(name)) if n is not None}:
+            if await state.run_voices(voices.__contains__, candidate):
+                uploaded.add(candidate)
+    voice = state.voice_names.choose(name, reference, uploaded.__contains__)
     pronunciation_lexicon(state, speech, voice)   # a locator that finds nothing is refused here
     return voice
 

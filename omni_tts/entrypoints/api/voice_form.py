@@ -27,22 +27,27 @@ async def read_part(part: aiohttp.BodyPartReader, limit: int, field: str) -> byt
     return bytes(data)
 
 
-async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUpload:
+async def read_voice_form(request: web.Request, max_audio_bytes: int, aliases: dict[str, str] = VOICE_FORM_ALIASES,
+                          ignored: frozenset[str] = frozenset(), usage: str = _VOICE_FORM) -> VoiceUpload:
     """The upload form, strictly: an unknown field (refused before it is read), a field given twice, a text field
     sent as a file or not UTF-8 → 400 naming it; each field read with a size cap; a malformed body → 400 with
-    `_VOICE_FORM`, the parser's detail to the log."""
+    `usage`, the parser's detail to the log. `aliases`: other names of the fields (another API's form);
+    `ignored`: fields read (bounded) and dropped."""
     if request.content_type != "multipart/form-data":
-        raise ApiError(400, _VOICE_FORM)
+        raise ApiError(400, usage)
     fields: dict[str, str | bytes] = {}
     try:
         async for part in await request.multipart():
             if not isinstance(part, aiohttp.BodyPartReader):  # a nested multipart/mixed
-                raise ApiError(400, _VOICE_FORM)
+                raise ApiError(400, usage)
             if part.name is None:
-                raise ApiError(400, _VOICE_FORM)
-            field = VOICE_FORM_ALIASES.get(part.name, part.name)
+                raise ApiError(400, usage)
+            if part.name in ignored:
+                await _read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
+                continue
+            field = aliases.get(part.name, part.name)
             if field not in VoiceUpload.__struct_fields__:
-                raise ApiError(400, f"unknown multipart field '{part.name}'; {_VOICE_FORM}", part.name)
+                raise ApiError(400, f"unknown multipart field '{part.name}'; {usage}", part.name)
             if field in fields:
                 also = f" ('{part.name}' is another name for it)" if part.name != field else ""
                 raise ApiError(400, f"multipart field '{field}' is given more than once{also}", field)
@@ -57,5 +62,5 @@ async def read_voice_form(request: web.Request, max_audio_bytes: int) -> VoiceUp
                 raise ApiError(400, f"multipart field '{field}' is not valid UTF-8", field) from None
     except (ValueError, HttpProcessingError) as e:  # what aiohttp's parser raises for a malformed body
         logger.info("voices: unreadable multipart body: %s", e)
-        raise ApiError(400, _VOICE_FORM) from None
+        raise ApiError(400, usage) from None
     return decode_voice_upload(fields)

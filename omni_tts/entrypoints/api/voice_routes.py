@@ -8,7 +8,7 @@ from aiohttp import web
 
 from omni_tts.entrypoints.api.schema import ApiError, VoiceUpload
 from omni_tts.voices.backend import UPLOADS_DISABLED
-from omni_tts.voices.store import VoiceError, VoiceStoreBackend
+from omni_tts.voices.store import VoiceError, VoiceRecord, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
 from .state import STATE, ServerState
@@ -17,7 +17,8 @@ from .voice_form import read_voice_form
 T = TypeVar("T")
 
 
-def _voices_or_404(state: ServerState) -> VoiceStoreBackend:
+def voice_store(state: ServerState) -> VoiceStoreBackend:
+    """The voice store, or 404 on a server without one."""
     if state.voices is None:
         raise ApiError(404, UPLOADS_DISABLED)
     return state.voices
@@ -31,27 +32,30 @@ def _embedding_dim(state: ServerState) -> int | None:
 
 async def list_voices(request: web.Request) -> web.Response:
     """vllm-omni's shape (every name in `voices`, the uploads in `uploaded_voices`), OpenAI's list of voice objects
-    (`object`, `data`), and for CustomVoice the OpenAI voice names' speakers (`voice_aliases`)."""
+    (`object`, `data`), and the alias table's voices: alias → speaker or uploaded voice (`voice_aliases`)."""
     state = request.app[STATE]
     dim = _embedding_dim(state)
     uploaded = [v.to_json(dim) for v in await state.run_voices(state.voices.list)] if state.voices else []
     body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
             "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
-    if state.voice_names.openai:
-        body["voice_aliases"] = state.voice_names.openai
+    if state.voice_names.aliases:
+        body["voice_aliases"] = state.voice_names.aliases
     return web.json_response(body)
 
 
 async def upload_voice(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    store = _voices_or_404(state)
+    store = voice_store(state)
     if state.tts.config.tts_model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
     with state.voice_write_slot():
-        return await _upload(state, store, await read_voice_form(request, store.max_bytes))
+        record = await add_voice(state, store, await read_voice_form(request, store.max_bytes))
+    voice = record.to_json(_embedding_dim(state))
+    return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
-async def _upload(state: ServerState, store: VoiceStoreBackend, form: VoiceUpload) -> web.Response:
+async def add_voice(state: ServerState, store: VoiceStoreBackend, form: VoiceUpload) -> VoiceRecord:
+    """Store the voice `form` gives (call it under a write slot), or ApiError naming the field."""
     try:
         if form.speaker_embedding is not None:
             vector = check_speaker_embedding(state.tts.config, form.speaker_embedding, ref_audio=False,
@@ -65,11 +69,10 @@ async def _upload(state: ServerState, store: VoiceStoreBackend, form: VoiceUploa
         raise ApiError(400, str(e), e.param) from None
     except VoiceError as e:
         raise ApiError(e.status, str(e), e.param) from None
-    voice = record.to_json(_embedding_dim(state))
-    return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
+    return record
 
 
-async def _store_call(run: Callable[..., Awaitable[T]], method: Callable[..., T], *args: object) -> T:
+async def store_call(run: Callable[..., Awaitable[T]], method: Callable[..., T], *args: object) -> T:
     """A voice store call, run by `run` (ServerState.run_voices or write_voices); its VoiceError as the API error it
     says."""
     try:
@@ -81,10 +84,10 @@ async def _store_call(run: Callable[..., Awaitable[T]], method: Callable[..., T]
 async def delete_voice(request: web.Request) -> web.Response:
     """The `openai` SDK's `VoiceDeleted` (id, object, deleted) and vllm-omni's answer (success, message)."""
     state = request.app[STATE]
-    store = _voices_or_404(state)
+    store = voice_store(state)
     name = request.match_info["name"]
     with state.voice_write_slot():
-        record = await _store_call(state.write_voices, store.delete, name)
+        record = await store_call(state.write_voices, store.delete, name)
     if record is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     return web.json_response({"id": record.name, "object": "audio.voice.deleted", "deleted": True, "success": True,
@@ -96,11 +99,11 @@ async def voice_embedding(request: web.Request) -> web.Response:
     voice's own, or for a clip voice the one the talker computes from the clip (the very vector of its
     x-vector-only requests), once per version of the voice."""
     state = request.app[STATE]
-    store = _voices_or_404(state)
+    store = voice_store(state)
     name = request.match_info["name"]
     if _embedding_dim(state) is None:
         raise ApiError(400, "speaker embeddings need a Base (voice clone) model", "name")
-    loaded = await _store_call(state.run_voices, store.load, name)
+    loaded = await store_call(state.run_voices, store.load, name)
     if loaded is None:
         raise ApiError(404, f"voice '{name}' not found", "name")
     record, voice = loaded

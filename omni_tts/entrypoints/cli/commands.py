@@ -166,6 +166,10 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voice-pronunciation-dictionary", action="append", default=[], metavar="VOICE=FILE",
                    help="alias rules for the requests that speak VOICE (a speaker, or an uploaded voice's name), "
                         "before the server's; repeatable (default: none)")
+    p.add_argument("--aliases", metavar="FILE",
+                   help="names clients hard-code, over the default table (README: Models and voices): a JSON or YAML "
+                        "file {\"voices\": {alias: speaker or uploaded voice}, \"models\": {alias: served model "
+                        "name}}, checked at start-up (default: the table alone)")
     p.add_argument("--allow-remote-ref-audio", action="store_true",
                    help="fetch http(s) ref_audio URLs (public addresses only, unless --ref-audio-allowed-hosts)")
     p.add_argument("--ref-audio-allowed-hosts", action="append", default=[], metavar="HOST_OR_CIDR[,…]",

@@ -193,19 +193,23 @@ def _prepare_server_process() -> None:
 
 def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
                   model_dir: str) -> ServerConfig:
-    """The app's config; ValueError (one line) for a --default-voice the checkpoint lacks or a bad --voices-manifest:
-    read from the checkpoint's config, before any stage starts."""
+    """The app's config; ValueError (one line) for a --default-voice the checkpoint lacks, a bad --voices-manifest
+    or --aliases file: read from the checkpoint's config, before any stage starts."""
     from omni_tts.config.options import from_options
+    from omni_tts.entrypoints.api.aliases import AliasFile, load_aliases
     from omni_tts.entrypoints.api.names import VoiceNames
     from omni_tts.entrypoints.api.server_config import ServerConfig
     from omni_tts.voices.manifest import load_voices_manifest
     from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 
     checkpoint = Qwen3TTSConfig.load(model_dir)
-    VoiceNames(checkpoint.tts_model_type, list(checkpoint.talker.spk_id), args.default_voice)
+    speakers = list(checkpoint.talker.spk_id)
+    aliases = (load_aliases(args.aliases, checkpoint.tts_model_type, speakers, names) if args.aliases else
+               AliasFile())
+    VoiceNames(checkpoint.tts_model_type, speakers, args.default_voice, aliases.voices)
     manifest = load_voices_manifest(args.voices_manifest, checkpoint) if args.voices_manifest else None
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
-    return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest,
+    return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest, aliases=aliases,
                         ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args),
                         pronunciation=server_lexicons(args, checkpoint))
 

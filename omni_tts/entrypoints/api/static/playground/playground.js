@@ -128,8 +128,8 @@ function fillSelect(select, values, selected) {
   if (values.includes(selected)) select.value = selected;
 }
 
-// The voices the checkpoint takes: its speakers and uploaded voices, and for CustomVoice OpenAI's voice names
-// with the speaker each stands for. VoiceDesign takes none: the voice is described in the instructions.
+// The voices the checkpoint takes: its speakers and uploaded voices, and the alias table's names (OpenAI's,
+// ElevenLabs' and DashScope's voices) with the voice each stands for. VoiceDesign takes none: the voice is described in the instructions.
 function fillVoices(selected) {
   const taskType = currentModel().task_type;
   const select = $("voice");
@@ -140,10 +140,10 @@ function fillVoices(selected) {
   if (names.children.length) select.append(names);
   const aliases = Object.entries(voiceList.voice_aliases || {});
   if (aliases.length) {
-    const openai = document.createElement("optgroup");
-    openai.label = "OpenAI voices";
-    openai.append(...aliases.map(([alias, speaker]) => option(alias, `${alias} → ${speaker}`)));
-    select.append(openai);
+    const group = document.createElement("optgroup");
+    group.label = "Aliases (other APIs' voice names)";
+    group.append(...aliases.map(([alias, speaker]) => option(alias, `${alias} → ${speaker}`)));
+    select.append(group);
   }
   if (!select.options.length) {
     const none = option("", "none yet: upload one below");
