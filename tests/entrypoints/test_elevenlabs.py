@@ -64,14 +64,12 @@ def test_convert_equals_the_speech_route(cv_server, output_format, response_form
 def test_stream_is_a_raw_audio_stream_equal_to_the_speech_routes(cv_server):
     """/stream: Content-Type audio/* (LiveKit checks it), audio equal to a streamed /v1/audio/speech; a speed it
     cannot apply while streaming and the fields Qwen3-TTS has no use for are named in a header."""
-    body = {"text": TEXT, "voice_settings": {"stability": 0.5, "speed": 1.1}, "previous_text": "Hi.",
-            "pronunciation_dictionary_locators": [{"pronunciation_dictionary_id": "d1"}]} | GREEDY
+    body = {"text": TEXT, "voice_settings": {"stability": 0.5, "speed": 1.1}, "previous_text": "Hi."} | GREEDY
     status, headers, audio = request(cv_server.url + "/v1/text-to-speech/vivian/stream?output_format=pcm_16000",
                                      body, headers={"Content-Type": "application/json", "xi-api-key": "x"})
     assert status == 200 and headers["Content-Type"] == "audio/pcm"
     ignored = headers["x-omni-tts-ignored-fields"]
-    assert all(name in ignored for name in ("voice_settings.stability", "voice_settings.speed", "previous_text",
-                                            "pronunciation_dictionary_locators"))
+    assert all(name in ignored for name in ("voice_settings.stability", "voice_settings.speed", "previous_text"))
     assert audio == speech(cv_server, "vivian", "pcm", sample_rate=16000, stream_format="audio")
     sdk_audio = b"".join(client(cv_server).text_to_speech.stream("vivian", text=TEXT, output_format="pcm_16000",
                                                                  request_options=OPTIONS))

@@ -215,6 +215,8 @@ async def test_bad_events_get_the_error_event_and_an_oversized_one_ends_the_sess
         error = await error_for(ws.send_json({"type": "session.update", "session": {
             "audio": {"output": {"voice": "nobody"}}}}))
         assert error["message"].startswith("unknown voice 'nobody'") and error["param"] == "voice"
+        error = await error_for(ws.send_json({"type": "session.update", "session": {"model": "tts-0"}}))
+        assert (error["code"], error["param"]) == ("model_not_found", "model") and "tts-0" in error["message"]
         assert state.admitted == 0 and not state.tts.requests
         # the session goes on, as it was: the unknown voice did not stick
         await ws.send_json({"type": "session.update", "session": {"type": "realtime"}})

@@ -109,6 +109,19 @@ def test_a_locator_speaks_the_replacement_as_if_sent_plainly(server, tts_rules):
     assert status == 200 and base64.b64decode(json.loads(body)["results"][0]["audio_data"]) == replaced
 
 
+def test_elevenlabs_clients_send_their_locators_and_get_the_same_audio(server, client, tts_rules):
+    """The SDK's convert with pronunciation_dictionary_locators: the audio of /v1/audio/speech with the same
+    locator; an id the server never made is ElevenLabs' 400."""
+    audio = b"".join(client.text_to_speech.convert(
+        "vivian", text="I like TTS a lot.", output_format="pcm_24000", request_options={"additional_body_parameters": {
+            k: v for k, v in GREEDY.items() if k in ("temperature", "max_new_tokens", "non_streaming_mode")}},
+        pronunciation_dictionary_locators=[{"pronunciation_dictionary_id": tts_rules.id}]))
+    assert audio == speech(server, "I like TTS a lot.", **locators(tts_rules))
+    status, _, body = request(server.url + "/v1/text-to-speech/vivian", {
+        "text": "I like TTS.", "pronunciation_dictionary_locators": [{"pronunciation_dictionary_id": "nope"}]})
+    assert status == 400 and "nope" in json.loads(body)["detail"]["message"]
+
+
 def test_the_servers_and_the_voices_dictionaries_from_the_command_line(server):
     assert speech(server, "We serve Qwen here.") == speech(server, "We serve chwen here.")
     ryan = {"voice": "ryan"}

@@ -86,9 +86,10 @@ def language_of(state: ServerState, language_type: str | None) -> str | None:
     return language
 
 
-def speech_options(state: ServerState, session: QwenSession) -> SpeechOptions:
-    """The realtime session's SpeechOptions: every response of it streams, so speech_rate is never applied."""
-    return SpeechOptions(voice=session.voice, response_format=session.response_format,
+def speech_options(state: ServerState, session: QwenSession, model: str | None) -> SpeechOptions:
+    """The realtime session's SpeechOptions (`model`: the URL's, an alias of the served one, names.py): every response
+    of it streams, so speech_rate is never applied."""
+    return SpeechOptions(model=model, voice=session.voice, response_format=session.response_format,
                          sample_rate=session.sample_rate, language=language_of(state, session.language_type),
                          instructions=session.instructions,
                          **msgspec.structs.asdict(SamplingParams.of(session)))

@@ -61,7 +61,7 @@ class QwenGeneration:
         if stream and speed != 1.0:
             ignored, speed = ignored + ["speech_rate"], 1.0
         speech = SpeechRequest(
-            input=body.input.text, voice=body.input.voice, speed=speed,
+            model=body.model, input=body.input.text, voice=body.input.voice, speed=speed,
             language=language_of(state, body.input.language_type or parameters.language_type),
             instructions=body.input.instructions or parameters.instructions,
             response_format="pcm" if stream else "wav", **msgspec.structs.asdict(SamplingParams.of(parameters)))

@@ -198,7 +198,7 @@ class RealtimeSession:
         ignored = given_ignored(fields) + (["speech_rate"] if fields.speech_rate not in (None, 1.0) else []) + unknown
         if ignored:
             logger.warning("qwen-tts realtime: session.update: ignored field(s): %s", describe_fields(ignored))
-        self.voice = await prepare_voice(self.state, speech_options(self.state, fields))
+        self.voice = await prepare_voice(self.state, speech_options(self.state, fields, self.model or None))
         self.fields, self.ignored, self.buffer = fields, ignored, TextBuffer(fields.mode)
         await self.send(event("session.updated", session=self._session_json()))
 
@@ -226,7 +226,7 @@ class RealtimeSession:
 
     async def _open(self) -> Response:
         if self.voice is None:
-            self.voice = await prepare_voice(self.state, speech_options(self.state, self.fields))
+            self.voice = await prepare_voice(self.state, speech_options(self.state, self.fields, self.model or None))
         turn = SpeechTurn(self.state, self.voice, f"{self.request_id}-{self.num_responses}")
         await turn.start()   # ApiError 429 / 503: the session's error
         self.num_responses += 1

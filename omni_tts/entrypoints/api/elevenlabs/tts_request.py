@@ -38,7 +38,6 @@ class TextToSpeechBody(msgspec.Struct, kw_only=True):
     language_code: Name | None = None
     voice_settings: VoiceSettings | None = None
     seed: Annotated[int, msgspec.Meta(ge=0, le=4294967295)] | None = None
-    pronunciation_dictionary_locators: list[Any] | None = None
     previous_text: Any = None
     next_text: Any = None
     previous_request_ids: Any = None
@@ -49,7 +48,8 @@ class TextToSpeechBody(msgspec.Struct, kw_only=True):
     audio_effects: Any = None
 
 
-# our own fields a body may add (sampling, instructions, a clone's reference, ...): those the route does not set
+# our own fields a body may add (sampling, instructions, a clone's reference, ...): those the route does not set;
+# ElevenLabs' pronunciation_dictionary_locators is one of ours, of the same shape (api/pronunciation/)
 ROUTE_FIELDS = {"input", "voice", "model", "language", "seed", "speed", "response_format", "sample_rate",
                 "stream_format", "stream", "word_timestamps"}
 EXTENSIONS = tuple(name for name in SpeechRequest.__struct_fields__ if name not in ROUTE_FIELDS)

@@ -98,7 +98,9 @@ class RealtimeSession:
         style, unused = style_prompt(state, instructions)
         if unused and "instructions" not in ignored:
             ignored.append("instructions")
-        options = SpeechOptions(voice=output.voice, response_format=OUR_FORMATS[output.format.type], instructions=style,
+        # the model the client named (an alias, e.g. gpt-realtime-2.1-mini, stands for the served one: names.py)
+        options = SpeechOptions(model=fields.model or self.model or None, voice=output.voice,
+                                response_format=OUR_FORMATS[output.format.type], instructions=style,
                                 temperature=temperature,
                                 max_new_tokens=None if tokens in (None, "inf") else max(tokens, MIN_NEW_TOKENS))
         return options, ignored
