@@ -43,7 +43,7 @@ async def read_voice_form(request: web.Request, max_audio_bytes: int, aliases: d
             if part.name is None:
                 raise ApiError(400, usage)
             if part.name in ignored:
-                await _read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
+                await read_part(part, _MAX_TEXT_FIELD_BYTES, part.name)
                 continue
             field = aliases.get(part.name, part.name)
             if field not in VoiceUpload.__struct_fields__:
