@@ -1,0 +1,124 @@
+"""ElevenLabs' text-to-speech WebSockets (`stream-input`, `multi-stream-input`): the query parameters, the client's
+messages (one shape: a message is what its fields say), and the server's messages, as the `elevenlabs` SDK, Pipecat
+and LiveKit send and read them."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from omni_tts.entrypoints.api.schema import ApiError, Name, SpeechOptions, decode_json
+
+from .fields import VOICE_SETTINGS, language_name, speech_format
+
+MAX_CONTEXT_ID_CHARS = 128
+# query parameters with no meaning here, accepted and named as ignored (the rest: StreamParams' own docs)
+IGNORED_PARAMS = ("enable_logging", "enable_ssml_parsing", "apply_text_normalization", "auto_mode",
+                  "optimize_streaming_latency", "model_id")
+
+
+class StreamParams(msgspec.Struct, kw_only=True):
+    """The socket's query parameters. model_id: every ElevenLabs model is the served one (the SDK sends `Ellipsis`
+    for none); sync_alignment: alignment always follows the audio it times (alignment.py); inactivity_timeout:
+    seconds without a message (or audio going out) before the socket closes."""
+    output_format: str = "mp3_44100_128"
+    language_code: Name | None = None
+    inactivity_timeout: Annotated[float, msgspec.Meta(gt=0, le=180)] = 20.0
+    seed: int | None = None
+    sync_alignment: bool = False
+    model_id: str | None = None
+    enable_logging: bool = True
+    enable_ssml_parsing: bool = False
+    apply_text_normalization: Literal["auto", "on", "off"] = "auto"
+    auto_mode: bool = False
+    optimize_streaming_latency: int | None = None
+    authorization: str | None = None   # the API key (auth.py)
+
+    def speech_options(self, voice_id: str) -> SpeechOptions:
+        """The session's SpeechOptions: our voice by the path's voice_id (names.py), the format and rate, language
+        and seed; the server's sampling defaults otherwise (ElevenLabs has no sampling fields)."""
+        response_format, sample_rate = speech_format(self.output_format)
+        try:
+            return SpeechOptions(voice=voice_id, response_format=response_format, sample_rate=sample_rate,
+                                 language=language_name(self.language_code), seed=self.seed)
+        except msgspec.ValidationError as e:   # the seed out of range
+            raise ApiError(400, f"invalid query parameter: {e}", "seed") from None
+
+    def ignored(self) -> list[str]:
+        """The ignored parameters the client set to other than their defaults."""
+        defaults = StreamParams()
+        return [name for name in IGNORED_PARAMS if getattr(self, name) != getattr(defaults, name)]
+
+
+def stream_params(query: dict[str, str]) -> StreamParams:
+    """The query → StreamParams (ApiError 400 naming the parameter); parameters not listed are ignored."""
+    known = {name: value for name, value in query.items() if name in StreamParams.__struct_fields__}
+    try:
+        return msgspec.convert(known, StreamParams, strict=False)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, f"invalid query parameter: {e}", str(e).rpartition("$.")[2].rstrip("`") or None) from None
+
+
+class VoiceSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Accepted and named as ignored (fields.VOICE_SETTINGS)."""
+    stability: float | None = None
+    similarity_boost: float | None = None
+    style: float | None = None
+    use_speaker_boost: bool | None = None
+    speed: float | None = None
+
+
+class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Accepted and ignored: text streams into the talker as it comes (README)."""
+    chunk_length_schedule: Annotated[list[Annotated[float, msgspec.Meta(ge=50, le=500)]],
+                                     msgspec.Meta(max_length=64)] | None = None
+
+
+class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Every message a client sends, one shape: init (the first; `text` a blank, settings and the key), text, flush,
+    close_context, close_socket, keep-alive (`text` empty in multi-stream; end of input in stream-input)."""
+    text: str | None = None
+    context_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CONTEXT_ID_CHARS)] | None = None
+    flush: bool = False
+    try_trigger_generation: bool = False
+    close_context: bool = False
+    close_socket: bool = False
+    voice_settings: VoiceSettings | None = None
+    generation_config: GenerationConfig | None = None
+    generator_config: GenerationConfig | None = None   # SendText's spelling in the SDK
+    pronunciation_dictionary_locators: Annotated[list[dict], msgspec.Meta(max_length=3)] | None = None
+    xi_api_key: str | None = None
+    xi_api_key_dash: str | None = msgspec.field(default=None, name="xi-api-key")   # the SDK's spelling
+    authorization: str | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        return self.xi_api_key or self.xi_api_key_dash or self.authorization
+
+    def ignored(self) -> list[str]:
+        """The fields it set that mean nothing here (a speed other than 1 included: a streamed response keeps the
+        model's pace)."""
+        settings = self.voice_settings
+        names = [] if settings is None else [f"voice_settings.{name}" for name in VOICE_SETTINGS
+                                             if getattr(settings, name) not in (None, 1.0 if name == "speed" else None)]
+        if (self.generation_config or self.generator_config) is not None:
+            names.append("generation_config")
+        if self.pronunciation_dictionary_locators:
+            names.append("pronunciation_dictionary_locators")
+        if self.try_trigger_generation:
+            names.append("try_trigger_generation")
+        return names
+
+
+def decode_message(data: str) -> ClientMessage:
+    """ApiError 400 naming the field for what is not one of the protocol's messages."""
+    message = decode_json(data, ClientMessage, "the message")
+    if message.text is None and not (message.flush or message.close_context or message.close_socket):
+        raise ApiError(400, "the message is none of the protocol's: text, flush, close_context or close_socket")
+    return message
+
+
+def error_message(error: ApiError, context_id: str | None = None) -> dict:
+    """The error a client reads before the close: the SDK raises on `message`, LiveKit logs `error`."""
+    ids = {} if context_id is None else {"contextId": context_id, "context_id": context_id}
+    return {"message": error.message, "error": error.code, "code": error.status, "param": error.param} | ids

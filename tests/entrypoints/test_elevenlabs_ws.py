@@ -1,0 +1,271 @@
+"""ElevenLabs' WebSockets (stream-input, multi-stream-input): the official SDK's convert_realtime unmodified behind a
+local TLS endpoint, a raw multi-context client, greedy parity with /v1/audio/speech, character alignment, barge-in
+and bad input."""
+import asyncio
+import base64
+import contextlib
+import subprocess
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+from elevenlabs.client import ElevenLabs
+from elevenlabs.realtime_tts import text_chunker
+
+from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
+from omni_tts.config import STAGE_CONFIG_DIR
+from server_util import MODEL, ServerProcess
+from test_speech_stream import assert_pcm_close
+from waiting import eventually_async
+
+ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
+KEY = "el-test-key"
+TEXT_A = "Hello there, this is one turn. "
+TEXT_B = "Another voice speaks now. "
+PIECES = ["Hello there,", " this is", " one turn."]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Flags the shared servers lack: the forced aligner (alignment), --api-key (the first message's key) and greedy
+    sampling defaults with a short token limit in the stage config (ElevenLabs has no sampling fields: the SDK's
+    audio equals /v1/audio/speech's through the server's defaults)."""
+    yaml = tmp_path_factory.mktemp("config") / "stages.yaml"
+    yaml.write_text((STAGE_CONFIG_DIR / "cpu_tiny.yaml").read_text().replace(
+        "sampling: {}", "sampling: {temperature: 0.0, max_new_tokens: 48}"))
+    server = ServerProcess("--model", str(FIXTURES / "tiny-custom-voice"), "--served-model-name", MODEL,
+                           "--forced-aligner", str(ALIGNER), "--stage-config", str(yaml), "--api-key", KEY)
+    yield server
+    server.stop()
+
+
+class TlsProxy:
+    """wss:// on a loopback port, relayed to the server's plain port: the SDK's convert_realtime dials wss on its
+    base URL's host and port whatever its scheme. A self-signed certificate for 127.0.0.1, made with openssl."""
+
+    def __init__(self, target_port: int, directory) -> None:
+        import ssl
+
+        self.cert = directory / "cert.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+                        str(directory / "key.pem"), "-out", str(self.cert)], check=True, capture_output=True)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(self.cert, directory / "key.pem")
+        self.target_port = target_port
+        self.loop = asyncio.new_event_loop()
+        started = self.loop.run_until_complete(asyncio.start_server(self._relay, "127.0.0.1", 0, ssl=self.context))
+        self.listener, self.port = started, started.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def _relay(self, client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(reader, writer):
+            with contextlib.suppress(ConnectionError):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.listener.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+def ws_url(url: str, route: str, query: str = "output_format=pcm_24000", voice: str = "vivian") -> str:
+    return f"{url.replace('http', 'ws', 1)}/v1/text-to-speech/{voice}/{route}?{query}"
+
+
+async def speech_pcm(url: str, text: str, headers: dict | None = None, **fields) -> bytes:
+    body = dict(fields, input=text, voice="vivian", response_format="pcm", non_streaming_mode=False)
+    async with aiohttp.ClientSession(headers=headers) as http, http.post(url + "/v1/audio/speech", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.read()
+
+
+def assert_same_speech(pcm: bytes, expected: bytes) -> None:
+    """The same samples, each within one step of int16: text that arrives with pauses between its pieces (the SDK
+    polls for audio between its sends) is decoded in other chunks than the whole text, which moves a few samples'
+    rounding (test_speech_stream's bound for the same pipeline)."""
+    assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
+
+
+async def read_contexts(ws, finals: int) -> tuple[dict, list[dict]]:
+    """Audio and alignments per context id until `finals` isFinal messages."""
+    audio, alignments, seen = {}, {}, 0
+    while seen < finals:
+        message = await ws.receive_json()
+        context = message.get("contextId")
+        assert context == message.get("context_id")
+        if message.get("isFinal"):
+            seen += 1
+            continue
+        audio[context] = audio.get(context, b"") + base64.b64decode(message["audio"])
+        if message["alignment"] is not None:
+            assert message["normalizedAlignment"] == message["alignment"]
+            alignments.setdefault(context, []).append(message["alignment"])
+    return audio, alignments
+
+
+def check_alignment(alignments: list[dict], text: str, audio_ms: float) -> None:
+    """The characters spell the text; added up as clients do (each message from the end of the previous one's last
+    character), the times never go back and stay within the audio."""
+    assert "".join(c for a in alignments for c in a["chars"]) == text
+    base, times = 0, []
+    for a in alignments:
+        assert len(a["chars"]) == len(a["charStartTimesMs"]) == len(a["charDurationsMs"])
+        assert min(a["charStartTimesMs"]) >= 0 and min(a["charDurationsMs"]) >= 0
+        times += [t for start, length in zip(a["charStartTimesMs"], a["charDurationsMs"])
+                  for t in (base + start, base + start + length)]
+        base += a["charStartTimesMs"][-1] + a["charDurationsMs"][-1]
+    assert times == sorted(times) and times[-1] <= audio_ms + 1
+
+
+def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monkeypatch):
+    """The SDK unmodified, by its base URL only: it dials wss (a local TLS endpoint, trusted through SSL_CERT_FILE),
+    sends its init, text chunks and the empty text, and reads audio until the close (1000)."""
+    proxy = TlsProxy(server.port, tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(proxy.cert))
+    try:
+        client = ElevenLabs(api_key=KEY, base_url=f"https://127.0.0.1:{proxy.port}")
+        audio = b"".join(client.text_to_speech.convert_realtime(
+            voice_id="vivian", text=iter(PIECES), output_format="pcm_24000"))
+    finally:
+        proxy.close()
+    text = "".join(text_chunker(iter(PIECES)))   # what the SDK sends: the pieces cut at punctuation, spaces added
+    assert_same_speech(audio, asyncio.run(speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"})))
+
+
+@pytest.mark.asyncio
+async def test_stream_input_alignment_spells_the_text_within_the_audio(server):
+    """stream-input with the key in its first message (no header): the audio, then each sentence's characters."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(server.url, "stream-input")) as ws:
+        await ws.send_json({"text": " ", "xi_api_key": KEY, "generation_config": {"chunk_length_schedule": [50]}})
+        for piece in ["Hello there, ", "this is one turn. ", "And a second one. "]:
+            await ws.send_json({"text": piece, "try_trigger_generation": True})
+        await ws.send_json({"text": ""})
+        audio, alignments = await read_contexts(ws, 1)
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
+    text = TEXT_A + "And a second one. "
+    assert_same_speech(audio[None], await speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+    check_alignment(alignments[None], text, len(audio[None]) / 2 / 24)
+
+
+@pytest.mark.asyncio
+async def test_two_interleaved_contexts(server):
+    """multi-stream-input as Pipecat and LiveKit speak it: contexts initialized, their text interleaved, keep-alives
+    (context-less too), flush, close_context after the flush (the audio ends first), close_socket; each context's
+    audio is /v1/audio/speech's for its text (assert_same_speech), its characters spell it."""
+    headers = {"xi-api-key": KEY}
+    query = "output_format=pcm_24000&model_id=eleven_turbo_v2_5&inactivity_timeout=180&sync_alignment=true&auto_mode=true"
+    async with aiohttp.ClientSession(headers=headers) as http, \
+            http.ws_connect(ws_url(server.url, "multi-stream-input", query)) as ws:
+        await ws.send_json({"text": " ", "context_id": "a", "voice_settings": {"stability": 0.5, "speed": 1.0}})
+        await ws.send_json({"text": " ", "context_id": "b"})
+        await ws.send_json({"text": "Hello there, ", "context_id": "a"})
+        await ws.send_json({"text": "Another voice ", "context_id": "b"})
+        await ws.send_json({"text": ""})                        # Pipecat's keep-alive without a context
+        await ws.send_json({"text": "this is one turn. ", "context_id": "a", "flush": True})
+        await ws.send_json({"text": "", "context_id": "b"})     # a context's keep-alive: no end of its text
+        await ws.send_json({"text": "speaks now. ", "context_id": "b"})
+        await ws.send_json({"context_id": "b", "flush": True})
+        await ws.send_json({"context_id": "a", "close_context": True})
+        await ws.send_json({"context_id": "b", "close_context": True})
+        audio, alignments = await read_contexts(ws, 2)
+        await ws.send_json({"close_socket": True})
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
+    for context, text in (("a", TEXT_A), ("b", TEXT_B)):
+        assert_same_speech(audio[context], await speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+        check_alignment(alignments[context], text, len(audio[context]) / 2 / 24)
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_key_in_the_first_message_is_refused(server):
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(server.url, "stream-input")) as ws:
+        await ws.send_json({"text": " ", "xi-api-key": "wrong"})
+        error = await ws.receive_json()
+        assert error["code"] == 401 and error["error"] == "invalid_api_key" and "message" in error
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_close_context_mid_generation_stops_it_and_the_next_context_is_exact(in_process_app):
+    """Barge-in: close_context on a context still taking text cuts it at once (isFinal, its slot free, no request
+    left in the stages); the next context on the socket speaks exactly."""
+    url, state = in_process_app
+    query = "output_format=pcm_24000&seed=11"   # a seed whose TEXT_B ends early (sampled: the shared server's defaults)
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "multi-stream-input", query)) as ws:
+        await ws.send_json({"text": " ", "context_id": "a"})
+        await ws.send_json({"text": RUNS_TO_ITS_LIMIT + " ", "context_id": "a"})   # never flushed
+        first = await ws.receive_json()
+        assert first["contextId"] == "a" and first["audio"]
+        await ws.send_json({"context_id": "a", "close_context": True})
+        while not (message := await ws.receive_json()).get("isFinal"):
+            assert message["contextId"] == "a"   # what was on its way before the close
+        assert message["contextId"] == "a"
+        assert state.admitted == 0 and not state.tts.requests
+        await ws.send_json({"text": TEXT_B, "context_id": "b", "flush": True})
+        await ws.send_json({"context_id": "b", "close_context": True})
+        audio, _ = await read_contexts(ws, 1)
+        await ws.send_json({"close_socket": True})
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
+    assert audio["b"] == await speech_pcm(url, TEXT_B, seed=11)   # its text came whole: exact
+    assert state.admitted == 0
+
+
+BAD_INPUT = [  # (route, whether a turn is speaking first, the messages, status, close code)
+    ("stream-input", False, [{"text": "Hello "}], 400, 1008),                    # text before the init
+    ("stream-input", True, ["{not json"], 400, 1008),
+    ("stream-input", True, [{"text": "Hi ", "speak": True}], 400, 1008),         # an unknown field
+    ("multi-stream-input", True, [{"context_id": "a"}], 400, 1008),              # no message the protocol has
+    ("stream-input", True, [b"\x00\x01"], 415, 1003),                           # a binary frame
+    ("multi-stream-input", True, [{"text": "x" * 200_000, "context_id": "a"}], 413, 1009),
+]
+STARTS = {"stream-input": [{"text": " "}, {"text": RUNS_TO_ITS_LIMIT + " "}],
+          "multi-stream-input": [{"text": RUNS_TO_ITS_LIMIT + " ", "context_id": "z"}]}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("route, speaking, messages, status, close_code", BAD_INPUT)
+async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_app, route, speaking, messages, status,
+                                                                   close_code):
+    """With a turn speaking when the bad message arrives: the error message, the close, and the turn's request is
+    gone, its slot free."""
+    url, state = in_process_app
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, route, "seed=1")) as ws:
+        if speaking:
+            for message in STARTS[route]:
+                await ws.send_json(message)
+            assert (await ws.receive_json())["audio"]
+        for message in messages:
+            if isinstance(message, bytes):
+                await ws.send_bytes(message)
+            elif isinstance(message, str):
+                await ws.send_str(message)
+            else:
+                await ws.send_json(message)
+        error = await ws.receive_json()
+        while "audio" in error:   # the turn's audio on its way
+            error = await ws.receive_json()
+        assert error["code"] == status and error["message"] and error["error"]
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == close_code
+    await eventually_async(lambda: state.admitted == 0 and not state.tts.requests, what="the turn let go of")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("query, param", [("output_format=pcm_32000", "output_format"),
+                                          ("output_format=pcm_24000&language_code=xx", "language_code"),
+                                          ("inactivity_timeout=999", "inactivity_timeout")])
+async def test_bad_parameters_are_named(in_process_app, query, param):
+    url, state = in_process_app
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "stream-input", query)) as ws:
+        await ws.send_json({"text": " "})
+        error = await ws.receive_json()
+        assert error["code"] == 400 and error["param"] == param, error
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
