@@ -163,7 +163,8 @@ async def test_two_interleaved_contexts(server):
     (context-less too), flush, close_context after the flush (the audio ends first), close_socket; each context's
     audio is /v1/audio/speech's for its text (assert_same_speech), its characters spell it."""
     headers = {"xi-api-key": KEY}
-    query = "output_format=pcm_24000&model_id=eleven_turbo_v2_5&inactivity_timeout=180&sync_alignment=true&auto_mode=true"
+    query = ("output_format=pcm_24000&model_id=eleven_turbo_v2_5&inactivity_timeout=180&sync_alignment=true"
+             "&auto_mode=true")
     async with aiohttp.ClientSession(headers=headers) as http, \
             http.ws_connect(ws_url(server.url, "multi-stream-input", query)) as ws:
         await ws.send_json({"text": " ", "context_id": "a", "voice_settings": {"stability": 0.5, "speed": 1.0}})
@@ -225,6 +226,7 @@ BAD_INPUT = [  # (route, whether a turn is speaking first, the messages, status,
     ("stream-input", True, [{"text": "Hi ", "speak": True}], 400, 1008),         # an unknown field
     ("multi-stream-input", True, [{"context_id": "a"}], 400, 1008),              # no message the protocol has
     ("stream-input", True, [b"\x00\x01"], 415, 1003),                           # a binary frame
+    ("multi-stream-input", True, [{"type": "input.cancel"}], 400, 1008),         # our own WebSocket's message
     ("multi-stream-input", True, [{"text": "x" * 200_000, "context_id": "a"}], 413, 1009),
 ]
 STARTS = {"stream-input": [{"text": " "}, {"text": RUNS_TO_ITS_LIMIT + " "}],
@@ -268,4 +270,15 @@ async def test_bad_parameters_are_named(in_process_app, query, param):
         await ws.send_json({"text": " "})
         error = await ws.receive_json()
         assert error["code"] == 400 and error["param"] == param, error
+        assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_idle_socket_is_closed_after_its_inactivity_timeout(in_process_app):
+    url, state = in_process_app
+    async with aiohttp.ClientSession() as http, \
+            http.ws_connect(ws_url(url, "multi-stream-input", "inactivity_timeout=0.2")) as ws:
+        await ws.send_json({"text": " ", "context_id": "a"})
+        error = await ws.receive_json()   # nothing more is sent
+        assert error["code"] == 408 and "inactivity_timeout" in error["message"]
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008

@@ -82,7 +82,8 @@ class StreamSession:
             if first is None:
                 return
             check_first_message_key(self.request, first.api_key)
-            self.voice = await prepare_voice(self.state, self.params.speech_options(self.request.match_info["voice_id"]))
+            options = self.params.speech_options(self.request.match_info["voice_id"])
+            self.voice = await prepare_voice(self.state, options)
             message = first
             while message is not None and not await self._handle(message, message is first):
                 message = await self._receive()
@@ -91,7 +92,10 @@ class StreamSession:
         except REQUEST_ERRORS as e:
             await self.fail(api_error(e))
         except asyncio.CancelledError:
-            if not self.messages.closed_by_client():
+            if self.messages.take_cancel():   # the reader cancels on our own WebSocket's input.cancel
+                await self.fail(ApiError(400, "input.cancel is omni_tts' own WebSocket's message, not ElevenLabs'; "
+                                              "close_context interrupts a context", "type"))
+            elif not self.messages.closed_by_client():
                 raise
         except ConnectionError:
             pass  # the connection closed while the session wrote to it: there is no one to tell

@@ -122,3 +122,36 @@ def error_message(error: ApiError, context_id: str | None = None) -> dict:
     """The error a client reads before the close: the SDK raises on `message`, LiveKit logs `error`."""
     ids = {} if context_id is None else {"contextId": context_id, "context_id": context_id}
     return {"message": error.message, "error": error.code, "code": error.status, "param": error.param} | ids
+
+
+# /openapi.json: the two routes as the GETs they are before their upgrade (a plain request gets its 400, in
+# ElevenLabs' error body: errors.elevenlabs_body)
+_ERROR_BODY = {"type": "object", "required": ["detail"], "properties": {"detail": {
+    "type": "object", "required": ["status", "message"],
+    "properties": {"status": {"type": "string"}, "message": {"type": "string"}}}}}
+
+
+def _socket_operation(operation_id: str, summary: str) -> dict:
+    return {
+        "operationId": operation_id, "summary": summary,
+        "description": (
+            "Upgrade this GET to a WebSocket (ElevenLabs' protocol; README, 'ElevenLabs'). The voice_id is one of "
+            "our voices; the query parameters are ElevenLabs' (output_format, language_code, inactivity_timeout, "
+            "seed, ...). The client sends JSON text messages (an init with text ' ' first, then text, flush, "
+            "close_context, close_socket); the server sends audio messages (base64 in output_format, with "
+            "character alignment where the server has a forced aligner), isFinal, and on an error a message "
+            "{message, error, code} before a non-1000 close. The API key may also come as the authorization "
+            "query parameter or xi_api_key in the first message."),
+        "parameters": [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "101": {"description": "Switching Protocols: the session runs over the WebSocket"},
+            "400": {"description": "not a WebSocket upgrade request",
+                    "content": {"application/json": {"schema": _ERROR_BODY}}}}}
+
+
+OPENAPI_PATHS = {
+    "/v1/text-to-speech/{voice_id}/stream-input": {"get": _socket_operation(
+        "elevenlabsStreamInput", "ElevenLabs' text-to-speech WebSocket, one context")},
+    "/v1/text-to-speech/{voice_id}/multi-stream-input": {"get": _socket_operation(
+        "elevenlabsMultiStreamInput", "ElevenLabs' multi-context text-to-speech WebSocket")},
+}
