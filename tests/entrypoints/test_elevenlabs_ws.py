@@ -11,6 +11,7 @@ import aiohttp
 import numpy as np
 import pytest
 from elevenlabs.client import ElevenLabs
+from elevenlabs.core.api_error import ApiError
 from elevenlabs.realtime_tts import text_chunker
 
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
@@ -127,21 +128,6 @@ def check_alignment(alignments: list[dict], text: str, audio_ms: float) -> None:
     assert times == sorted(times) and times[-1] <= audio_ms + 1
 
 
-def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monkeypatch):
-    """The SDK unmodified, by its base URL only: it dials wss (a local TLS endpoint, trusted through SSL_CERT_FILE),
-    sends its init, text chunks and the empty text, and reads audio until the close (1000)."""
-    proxy = TlsProxy(server.port, tmp_path)
-    monkeypatch.setenv("SSL_CERT_FILE", str(proxy.cert))
-    try:
-        client = ElevenLabs(api_key=KEY, base_url=f"https://127.0.0.1:{proxy.port}")
-        audio = b"".join(client.text_to_speech.convert_realtime(
-            voice_id="vivian", text=iter(PIECES), output_format="pcm_24000"))
-    finally:
-        proxy.close()
-    text = "".join(text_chunker(iter(PIECES)))   # what the SDK sends: the pieces cut at punctuation, spaces added
-    assert_same_speech(audio, asyncio.run(speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"})))
-
-
 @pytest.mark.asyncio
 async def test_stream_input_alignment_spells_the_text_within_the_audio(server):
     """stream-input with the key in its first message (no header): the audio, then each sentence's characters."""
@@ -155,6 +141,24 @@ async def test_stream_input_alignment_spells_the_text_within_the_audio(server):
     text = TEXT_A + "And a second one. "
     assert_same_speech(audio[None], await speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"}))
     check_alignment(alignments[None], text, len(audio[None]) / 2 / 24)
+
+
+def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monkeypatch):
+    """The SDK unmodified, by its base URL only: it dials wss (a local TLS endpoint, trusted through SSL_CERT_FILE),
+    sends its init, text chunks and the empty text, and reads audio until the close (1000)."""
+    proxy = TlsProxy(server.port, tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(proxy.cert))
+    try:
+        client = ElevenLabs(api_key=KEY, base_url=f"https://127.0.0.1:{proxy.port}")
+        audio = b"".join(client.text_to_speech.convert_realtime(
+            voice_id="vivian", text=iter(PIECES), output_format="pcm_24000"))
+        with pytest.raises(ApiError) as refused:   # the error message, then a close the SDK raises on
+            b"".join(client.text_to_speech.convert_realtime(voice_id="nobody", text=iter(PIECES)))
+    finally:
+        proxy.close()
+    assert refused.value.status_code == 1008 and "nobody" in str(refused.value.body)
+    text = "".join(text_chunker(iter(PIECES)))   # what the SDK sends: the pieces cut at punctuation, spaces added
+    assert_same_speech(audio, asyncio.run(speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"})))
 
 
 @pytest.mark.asyncio
@@ -234,7 +238,8 @@ STARTS = {"stream-input": [{"text": " "}, {"text": RUNS_TO_ITS_LIMIT + " "}],
 
 
 @pytest.mark.asyncio(loop_scope="session")
-@pytest.mark.parametrize("route, speaking, messages, status, close_code", BAD_INPUT)
+@pytest.mark.parametrize("route, speaking, messages, status, close_code", BAD_INPUT, ids=[
+    "text-before-init", "malformed-json", "unknown-field", "no-message", "binary-frame", "input-cancel", "oversize"])
 async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_app, route, speaking, messages, status,
                                                                    close_code):
     """With a turn speaking when the bad message arrives: the error message, the close, and the turn's request is
@@ -261,12 +266,13 @@ async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_ap
 
 
 @pytest.mark.asyncio(loop_scope="session")
-@pytest.mark.parametrize("query, param", [("output_format=pcm_32000", "output_format"),
-                                          ("output_format=pcm_24000&language_code=xx", "language_code"),
-                                          ("inactivity_timeout=999", "inactivity_timeout")])
-async def test_bad_parameters_are_named(in_process_app, query, param):
+@pytest.mark.parametrize("query, voice, param", [("output_format=pcm_32000", "vivian", "output_format"),
+                                                 ("language_code=xx", "vivian", "language_code"),
+                                                 ("inactivity_timeout=999", "vivian", "inactivity_timeout"),
+                                                 ("output_format=pcm_24000", "nobody", "voice")])
+async def test_bad_parameters_are_named(in_process_app, query, voice, param):
     url, state = in_process_app
-    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "stream-input", query)) as ws:
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "stream-input", query, voice)) as ws:
         await ws.send_json({"text": " "})
         error = await ws.receive_json()
         assert error["code"] == 400 and error["param"] == param, error
