@@ -191,12 +191,37 @@ async def test_two_interleaved_contexts(server):
 
 
 @pytest.mark.asyncio
-async def test_a_wrong_key_in_the_first_message_is_refused(server):
-    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(server.url, "stream-input")) as ws:
-        await ws.send_json({"text": " ", "xi-api-key": "wrong"})
+@pytest.mark.parametrize("route, first", [("stream-input", {"text": " ", "xi-api-key": "wrong"}),
+                                          ("multi-stream-input", {"xi_api_key": "wrong"}),   # the key alone
+                                          ("multi-stream-input", {"text": "Hello ", "context_id": "a"})])
+async def test_the_first_message_without_the_key_is_refused(server, route, first):
+    async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(server.url, route)) as ws:
+        await ws.send_json(first)
         error = await ws.receive_json()
         assert error["code"] == 401 and error["error"] == "invalid_api_key" and "message" in error
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+
+
+@pytest.mark.asyncio
+async def test_the_key_alone_then_contexts(server):
+    """Some clients send the key in a message of its own first, then their contexts; the authorization query
+    parameter opens a socket as the header does."""
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
+            await ws.send_json({"xi_api_key": KEY})
+            await ws.send_json({"text": TEXT_B, "context_id": "a", "flush": True})
+            await ws.send_json({"context_id": "a", "close_context": True})
+            audio, _ = await read_contexts(ws, 1)
+            assert audio["a"]
+        query = f"output_format=pcm_24000&authorization=Bearer%20{KEY}"
+        async with http.ws_connect(ws_url(server.url, "stream-input", query)) as ws:
+            await ws.send_json({"text": " "})
+            await ws.send_json({"text": ""})
+            assert (await ws.receive_json()) == {"isFinal": True}
+            assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:   # a wrong key presented: no socket
+            await http.ws_connect(ws_url(server.url, "stream-input"), headers={"xi-api-key": "wrong"})
+        assert refused.value.status == 401
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -22,7 +22,7 @@ from omni_tts.entrypoints.api.schema import ApiError, describe_fields
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 from ..access_log import SessionLog, request_id
-from ..auth import check_first_message_key
+from ..auth import FIRST_MESSAGE_KEY, check_first_message_key
 from ..client_messages import ClientMessages
 from ..errors import REQUEST_ERRORS, api_error
 from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 128 * 2**10   # one message; aiohttp drops a connection past 4x without reading it (1009)
 MAX_CONTEXTS = 5                  # on one socket at once, ElevenLabs' own limit (contexts finishing included)
 MAX_TURNS_AHEAD = 4               # a context's flushed turns waiting behind the one speaking
+FIRST_MESSAGE_TIMEOUT = 10.0      # for the first message of a socket opened without its key
 # the close code after an error message, by its status (1008 policy violation otherwise)
 CLOSE_CODES = {413: 1009, 415: 1003, 429: 1013, 503: 1013}
 
@@ -78,7 +79,9 @@ class StreamSession:
             self.params = stream_params(self.request.query)
             if ignored := self.params.ignored():
                 logger.info("elevenlabs websocket: ignored query parameter(s): %s", ", ".join(ignored))
-            first = await self._receive()
+            # a socket opened without its key is one message away from being refused: it may not idle long first
+            first = await self._receive(min(FIRST_MESSAGE_TIMEOUT, self.params.inactivity_timeout)
+                                        if FIRST_MESSAGE_KEY in self.request else None)
             if first is None:
                 return
             check_first_message_key(self.request, first.api_key)
@@ -107,17 +110,17 @@ class StreamSession:
             # be let go of
             await asyncio.shield(self._close())
 
-    async def _receive(self) -> ClientMessage | None:
-        """The next message, None once the socket is closing. No message for inactivity_timeout seconds while no
-        context speaks ends the session (ApiError 408)."""
-        timeout = self.params.inactivity_timeout
+    async def _receive(self, timeout: float | None = None) -> ClientMessage | None:
+        """The next message, None once the socket is closing. No message for `timeout` seconds (inactivity_timeout)
+        while no context speaks ends the session (ApiError 408)."""
+        timeout = timeout or self.params.inactivity_timeout
         while True:
             try:
                 message = await self.messages.next(timeout)
                 break
             except asyncio.TimeoutError:
                 if not any(context.speaking for context in self._all_contexts()):
-                    raise ApiError(408, f"no message within the inactivity_timeout of {timeout:g} s") from None
+                    raise ApiError(408, f"no message within {timeout:g} s (inactivity_timeout)") from None
         if message is None or self.ending:
             return None
         if message.type != WSMsgType.TEXT:
@@ -154,7 +157,7 @@ class StreamSession:
         if message.context_id is not None or message.close_context or message.close_socket:
             raise ApiError(400, "context_id, close_context and close_socket belong to multi-stream-input")
         if first:
-            if message.text is None or message.text == "" or message.text.strip():
+            if message.text is not None and not message.text.isspace():
                 raise ApiError(400, 'the first message must initialize the stream: {"text": " "}, with its settings',
                                "text")
             self._open_context(None)

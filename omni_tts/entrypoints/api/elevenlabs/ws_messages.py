@@ -95,6 +95,12 @@ class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def api_key(self) -> str | None:
         return self.xi_api_key or self.xi_api_key_dash or self.authorization
 
+    @property
+    def initializes(self) -> bool:
+        """It carries settings or the key (an init's fields; some clients send the key alone first)."""
+        return (self.api_key is not None or self.voice_settings is not None or self.generation_config is not None
+                or self.pronunciation_dictionary_locators is not None)
+
     def ignored(self) -> list[str]:
         """The fields it set that mean nothing here (a speed other than 1 included: a streamed response keeps the
         model's pace)."""
@@ -113,8 +119,10 @@ class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 def decode_message(data: str) -> ClientMessage:
     """ApiError 400 naming the field for what is not one of the protocol's messages."""
     message = decode_json(data, ClientMessage, "the message")
-    if message.text is None and not (message.flush or message.close_context or message.close_socket):
-        raise ApiError(400, "the message is none of the protocol's: text, flush, close_context or close_socket")
+    if message.text is None and not (message.flush or message.close_context or message.close_socket
+                                     or message.initializes):
+        raise ApiError(400, "the message is none of the protocol's: text, flush, close_context, close_socket, or "
+                            "settings and the key")
     return message
 
 
