@@ -257,6 +257,7 @@ BAD_INPUT = [  # (route, whether a turn is speaking first, the messages, status,
     ("stream-input", True, [b"\x00\x01"], 415, 1003),                           # a binary frame
     ("multi-stream-input", True, [{"type": "input.cancel"}], 400, 1008),         # our own WebSocket's message
     ("multi-stream-input", True, [{"text": "x" * 200_000, "context_id": "a"}], 413, 1009),
+    ("multi-stream-input", True, [{"text": "Hi ", "context_id": c} for c in "abcde"], 400, 1008),   # a sixth
 ]
 STARTS = {"stream-input": [{"text": " "}, {"text": RUNS_TO_ITS_LIMIT + " "}],
           "multi-stream-input": [{"text": RUNS_TO_ITS_LIMIT + " ", "context_id": "z"}]}
@@ -264,7 +265,8 @@ STARTS = {"stream-input": [{"text": " "}, {"text": RUNS_TO_ITS_LIMIT + " "}],
 
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("route, speaking, messages, status, close_code", BAD_INPUT, ids=[
-    "text-before-init", "malformed-json", "unknown-field", "no-message", "binary-frame", "input-cancel", "oversize"])
+    "text-before-init", "malformed-json", "unknown-field", "no-message", "binary-frame", "input-cancel", "oversize",
+    "sixth-context"])
 async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_app, route, speaking, messages, status,
                                                                    close_code):
     """With a turn speaking when the bad message arrives: the error message, the close, and the turn's request is
