@@ -296,7 +296,8 @@ async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_ap
 @pytest.mark.parametrize("query, voice, param", [("output_format=pcm_32000", "vivian", "output_format"),
                                                  ("language_code=xx", "vivian", "language_code"),
                                                  ("inactivity_timeout=999", "vivian", "inactivity_timeout"),
-                                                 ("output_format=pcm_24000", "nobody", "voice")])
+                                                 ("output_format=pcm_24000", "nobody", "voice"),
+                                                 ("seed=-5", "vivian", "seed")])
 async def test_bad_parameters_are_named(in_process_app, query, voice, param):
     url, state = in_process_app
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "stream-input", query, voice)) as ws:

@@ -38,11 +38,9 @@ class StreamParams(msgspec.Struct, kw_only=True):
         """The session's SpeechOptions: our voice by the path's voice_id (names.py), the format and rate, language
         and seed; the server's sampling defaults otherwise (ElevenLabs has no sampling fields)."""
         response_format, sample_rate = speech_format(self.output_format)
-        try:
-            return SpeechOptions(voice=voice_id, response_format=response_format, sample_rate=sample_rate,
-                                 language=language_name(self.language_code), seed=self.seed)
-        except msgspec.ValidationError as e:   # the seed out of range
-            raise ApiError(400, f"invalid query parameter: {e}", "seed") from None
+        fields = dict(voice=voice_id, response_format=response_format, sample_rate=sample_rate,
+                      language=language_name(self.language_code), seed=self.seed)
+        return _convert({name: value for name, value in fields.items() if value is not None}, SpeechOptions)
 
     def ignored(self) -> list[str]:
         """The ignored parameters the client set to other than their defaults."""
@@ -52,9 +50,14 @@ class StreamParams(msgspec.Struct, kw_only=True):
 
 def stream_params(query: dict[str, str]) -> StreamParams:
     """The query → StreamParams (ApiError 400 naming the parameter); parameters not listed are ignored."""
-    known = {name: value for name, value in query.items() if name in StreamParams.__struct_fields__}
+    return _convert({name: value for name, value in query.items() if name in StreamParams.__struct_fields__},
+                    StreamParams)
+
+
+def _convert(values: dict, type_: type) -> object:
+    """Query strings into `type_`, its ranges checked (ApiError 400 naming the parameter)."""
     try:
-        return msgspec.convert(known, StreamParams, strict=False)
+        return msgspec.convert(values, type_, strict=False)
     except msgspec.ValidationError as e:
         raise ApiError(400, f"invalid query parameter: {e}", str(e).rpartition("$.")[2].rstrip("`") or None) from None
 
