@@ -83,8 +83,8 @@ def ws_url(url: str, route: str, query: str = "output_format=pcm_24000", voice: 
     return f"{url.replace('http', 'ws', 1)}/v1/text-to-speech/{voice}/{route}?{query}"
 
 
-async def speech_pcm(url: str, text: str, headers: dict | None = None, **fields) -> bytes:
-    body = dict(fields, input=text, voice="vivian", response_format="pcm", non_streaming_mode=False)
+async def speech_audio(url: str, text: str, headers: dict | None = None, **fields) -> bytes:
+    body = dict({"response_format": "pcm"}, **fields, input=text, voice="vivian", non_streaming_mode=False)
     async with aiohttp.ClientSession(headers=headers) as http, http.post(url + "/v1/audio/speech", json=body) as r:
         assert r.status == 200, await r.text()
         return await r.read()
@@ -139,7 +139,7 @@ async def test_stream_input_alignment_spells_the_text_within_the_audio(server):
         audio, alignments = await read_contexts(ws, 1)
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
     text = TEXT_A + "And a second one. "
-    assert_same_speech(audio[None], await speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+    assert_same_speech(audio[None], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
     check_alignment(alignments[None], text, len(audio[None]) / 2 / 24)
 
 
@@ -158,7 +158,7 @@ def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monk
         proxy.close()
     assert refused.value.status_code == 1008 and "nobody" in str(refused.value.body)
     text = "".join(text_chunker(iter(PIECES)))   # what the SDK sends: the pieces cut at punctuation, spaces added
-    assert_same_speech(audio, asyncio.run(speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"})))
+    assert_same_speech(audio, asyncio.run(speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"})))
 
 
 @pytest.mark.asyncio
@@ -186,7 +186,7 @@ async def test_two_interleaved_contexts(server):
         await ws.send_json({"close_socket": True})
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
     for context, text in (("a", TEXT_A), ("b", TEXT_B)):
-        assert_same_speech(audio[context], await speech_pcm(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+        assert_same_speech(audio[context], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
         check_alignment(alignments[context], text, len(audio[context]) / 2 / 24)
 
 
@@ -205,7 +205,8 @@ async def test_the_first_message_without_the_key_is_refused(server, route, first
 @pytest.mark.asyncio
 async def test_the_key_alone_then_contexts(server):
     """Some clients send the key in a message of its own first, then their contexts; the authorization query
-    parameter opens a socket as the header does."""
+    parameter opens a socket as the header does (here in G.711 mu-law, the telephony format: the same bytes as the
+    speech route's)."""
     async with aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
             await ws.send_json({"xi_api_key": KEY})
@@ -213,12 +214,15 @@ async def test_the_key_alone_then_contexts(server):
             await ws.send_json({"context_id": "a", "close_context": True})
             audio, _ = await read_contexts(ws, 1)
             assert audio["a"]
-        query = f"output_format=pcm_24000&authorization=Bearer%20{KEY}"
+        query = f"output_format=ulaw_8000&authorization=Bearer%20{KEY}"
         async with http.ws_connect(ws_url(server.url, "stream-input", query)) as ws:
             await ws.send_json({"text": " "})
+            await ws.send_json({"text": TEXT_B})
             await ws.send_json({"text": ""})
-            assert (await ws.receive_json()) == {"isFinal": True}
+            audio, _ = await read_contexts(ws, 1)
             assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
+        assert audio[None] == await speech_audio(server.url, TEXT_B, {"Authorization": f"Bearer {KEY}"},
+                                               response_format="ulaw")
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:   # a wrong key presented: no socket
             await http.ws_connect(ws_url(server.url, "stream-input"), headers={"xi-api-key": "wrong"})
         assert refused.value.status == 401
@@ -245,7 +249,7 @@ async def test_close_context_mid_generation_stops_it_and_the_next_context_is_exa
         audio, _ = await read_contexts(ws, 1)
         await ws.send_json({"close_socket": True})
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
-    assert audio["b"] == await speech_pcm(url, TEXT_B, seed=11)   # its text came whole: exact
+    assert audio["b"] == await speech_audio(url, TEXT_B, seed=11)   # its text came whole: exact
     assert state.admitted == 0
 
 
