@@ -320,3 +320,25 @@ async def test_an_idle_socket_is_closed_after_its_inactivity_timeout(in_process_
         error = await ws.receive_json()   # nothing more is sent
         assert error["code"] == 408 and "inactivity_timeout" in error["message"]
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+
+
+@pytest.mark.asyncio
+async def test_a_contexts_pronunciation_dictionaries(server):
+    """A context's init names an uploaded dictionary (TTS → text to speech): its audio is the replacement's, spoken
+    plainly, its characters spell the text sent; a context without it on the same socket speaks the text as written."""
+    rules = ElevenLabs(api_key=KEY, base_url=server.url).pronunciation_dictionaries.create_from_rules(
+        name="acronyms", rules=[{"type": "alias", "string_to_replace": "TTS", "alias": "text to speech"}])
+    locators = [{"pronunciation_dictionary_id": rules.id}]
+    text, headers = "TTS is here. ", {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers={"xi-api-key": KEY}) as http, \
+            http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
+        await ws.send_json({"text": " ", "context_id": "a", "pronunciation_dictionary_locators": locators})
+        await ws.send_json({"text": text, "context_id": "a", "flush": True})
+        await ws.send_json({"text": text, "context_id": "b", "flush": True})
+        for context in "ab":
+            await ws.send_json({"context_id": context, "close_context": True})
+        audio, alignments = await read_contexts(ws, 2)
+    assert audio["a"] == await speech_audio(server.url, "text to speech is here. ", headers)
+    assert audio["a"] == await speech_audio(server.url, text, headers, pronunciation_dictionary_locators=locators)
+    check_alignment(alignments["a"], text, len(audio["a"]) / 2 / 24)
+    assert audio["b"] == await speech_audio(server.url, text, headers)

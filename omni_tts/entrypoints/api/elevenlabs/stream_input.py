@@ -16,6 +16,7 @@ import base64
 import contextlib
 import logging
 
+import msgspec
 from aiohttp import WSMsgType, web
 
 from omni_tts.entrypoints.api.schema import ApiError, describe_fields
@@ -85,7 +86,9 @@ class StreamSession:
             if first is None:
                 return
             check_first_message_key(self.request, first.api_key)
-            options = self.params.speech_options(self.request.match_info["voice_id"])
+            # the socket's options; a multi-stream init's dictionaries are its context's alone (_context_voice)
+            options = self.params.speech_options(self.request.match_info["voice_id"],
+                                                 None if self.multi else first.pronunciation_dictionary_locators)
             self.voice = await prepare_voice(self.state, options)
             message = first
             while message is not None and not await self._handle(message, message is first):
@@ -142,7 +145,7 @@ class StreamSession:
         if message.text:
             opened = context is None
             if opened:
-                context = self._open_context(message.context_id)
+                context = self._open_context(message.context_id, await self._context_voice(message))
             if not (opened and message.text.isspace()):   # a context's init: its blank is no text
                 await context.add_text(message.text)
         if context is not None and message.flush:
@@ -160,7 +163,7 @@ class StreamSession:
             if message.text is not None and not message.text.isspace():
                 raise ApiError(400, 'the first message must initialize the stream: {"text": " "}, with its settings',
                                "text")
-            self._open_context(None)
+            self._open_context(None, self.voice)
             return False
         context = self.contexts[None]
         if message.text == "":   # the end of the input
@@ -171,7 +174,15 @@ class StreamSession:
             await context.flush()
         return False
 
-    def _open_context(self, context_id: str | None) -> Context:
+    async def _context_voice(self, init: ClientMessage) -> TurnVoice:
+        """The session's voice, or with the pronunciation dictionaries of a context's init, where they differ."""
+        options = self.voice.options
+        if init.pronunciation_dictionary_locators in (None, options.pronunciation_dictionary_locators):
+            return self.voice
+        return await prepare_voice(self.state, msgspec.structs.replace(
+            options, pronunciation_dictionary_locators=init.pronunciation_dictionary_locators))
+
+    def _open_context(self, context_id: str | None, voice: TurnVoice) -> Context:
         self.closing = [context for context in self.closing if not context.sender.done()]
         if len(self.contexts) + len(self.closing) >= MAX_CONTEXTS:
             for key in [key for key, context in self.contexts.items() if context.idle]:
@@ -179,7 +190,7 @@ class StreamSession:
         if len(self.contexts) + len(self.closing) >= MAX_CONTEXTS:
             raise ApiError(400, f"at most {MAX_CONTEXTS} contexts at once on one socket; close_context one first",
                            "context_id")
-        context = self.contexts[context_id] = Context(self, context_id, self.num_contexts)
+        context = self.contexts[context_id] = Context(self, context_id, self.num_contexts, voice)
         self.num_contexts += 1
         return context
 
@@ -230,8 +241,8 @@ class Context:
     """One context's turns, in order: the one taking text (`open`), those flushed, and the task that sends their
     audio, one turn after another, then isFinal once the context is closed."""
 
-    def __init__(self, session: StreamSession, context_id: str | None, index: int) -> None:
-        self.session, self.id = session, context_id
+    def __init__(self, session: StreamSession, context_id: str | None, index: int, voice: TurnVoice) -> None:
+        self.session, self.id, self.voice = session, context_id, voice
         self.ids = {} if context_id is None else {"contextId": context_id, "context_id": context_id}
         self.request_id = f"{request_id(session.request)}-{index}"
         self.live: list[SpeechTurn] = []   # started and not yet ended, in order
@@ -241,7 +252,7 @@ class Context:
         self.num_spoken = 0
         self.offset = 0.0   # seconds of the context's audio sent
         state = session.state
-        self.alignment = (ContextAlignment(state, self.request_id, session.voice.options.language, self._send)
+        self.alignment = (ContextAlignment(state, self.request_id, voice.options.language, self._send)
                           if state.aligner is not None else None)
         self.sender = asyncio.create_task(self._send_audio())
 
@@ -260,7 +271,7 @@ class Context:
             if len(self.live) > MAX_TURNS_AHEAD:
                 raise ApiError(400, f"at most {MAX_TURNS_AHEAD} flushed texts may wait for a context's audio",
                                "flush")
-            turn = SpeechTurn(self.session.state, self.session.voice, f"{self.request_id}-{self.num_turns}")
+            turn = SpeechTurn(self.session.state, self.voice, f"{self.request_id}-{self.num_turns}")
             await turn.start()   # a slot: ApiError 429 / 503 ends the session
             self.num_turns += 1
             self.live.append(turn)

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from omni_tts.entrypoints.api.schema import ApiError, Name, SpeechOptions, decode_json
+from omni_tts.entrypoints.api.schema import (MAX_PRONUNCIATION_LOCATORS, ApiError, Name, PronunciationLocator,
+                                           SpeechOptions, decode_json)
 
 from .fields import VOICE_SETTINGS, language_name, speech_format
 
@@ -34,12 +35,14 @@ class StreamParams(msgspec.Struct, kw_only=True):
     optimize_streaming_latency: int | None = None
     authorization: str | None = None   # the API key (auth.py)
 
-    def speech_options(self, voice_id: str) -> SpeechOptions:
-        """The session's SpeechOptions: our voice by the path's voice_id (names.py), the format and rate, language
-        and seed; the server's sampling defaults otherwise (ElevenLabs has no sampling fields)."""
+    def speech_options(self, voice_id: str, locators: list[PronunciationLocator] | None) -> SpeechOptions:
+        """The session's SpeechOptions: our voice by the path's voice_id (names.py), the format and rate, language,
+        seed and the init's pronunciation dictionaries; the server's sampling defaults otherwise (ElevenLabs has no
+        sampling fields)."""
         response_format, sample_rate = speech_format(self.output_format)
         fields = dict(voice=voice_id, response_format=response_format, sample_rate=sample_rate,
-                      language=language_name(self.language_code), seed=self.seed)
+                      language=language_name(self.language_code), seed=self.seed,
+                      pronunciation_dictionary_locators=msgspec.to_builtins(locators))
         return _convert({name: value for name, value in fields.items() if value is not None}, SpeechOptions)
 
     def ignored(self) -> list[str]:
@@ -78,7 +81,8 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Every message a client sends, one shape: init (the first; `text` a blank, settings and the key), text, flush,
+    """Every message a client sends, one shape: init (the first, or a context's first; `text` a blank, settings, the
+    pronunciation dictionaries, which apply from it on, and the key), text, flush,
     close_context, close_socket, keep-alive (`text` empty in multi-stream; end of input in stream-input)."""
     text: str | None = None
     context_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CONTEXT_ID_CHARS)] | None = None
@@ -89,7 +93,8 @@ class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     voice_settings: VoiceSettings | None = None
     generation_config: GenerationConfig | None = None
     generator_config: GenerationConfig | None = None   # SendText's spelling in the SDK
-    pronunciation_dictionary_locators: Annotated[list[dict], msgspec.Meta(max_length=3)] | None = None
+    pronunciation_dictionary_locators: Annotated[
+        list[PronunciationLocator], msgspec.Meta(max_length=MAX_PRONUNCIATION_LOCATORS)] | None = None
     xi_api_key: str | None = None
     xi_api_key_dash: str | None = msgspec.field(default=None, name="xi-api-key")   # the SDK's spelling
     authorization: str | None = None
@@ -112,8 +117,6 @@ class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                              if getattr(settings, name) not in (None, 1.0 if name == "speed" else None)]
         if (self.generation_config or self.generator_config) is not None:
             names.append("generation_config")
-        if self.pronunciation_dictionary_locators:
-            names.append("pronunciation_dictionary_locators")
         if self.try_trigger_generation:
             names.append("try_trigger_generation")
         return names
