@@ -114,17 +114,24 @@ async def read_contexts(ws, finals: int) -> tuple[dict, list[dict]]:
     return audio, alignments
 
 
-def check_alignment(alignments: list[dict], text: str, audio_ms: float) -> None:
-    """The characters spell the text; added up as clients do (each message from the end of the previous one's last
-    character), the times never go back and stay within the audio."""
-    assert "".join(c for a in alignments for c in a["chars"]) == text
-    base, times = 0, []
+def absolute_chars(alignments: list[dict]) -> list[tuple[str, int, int]]:
+    """(character, start, end) in ms from the context's start, added up as clients do: each message's times from
+    the end of the previous message's last character."""
+    base, chars = 0, []
     for a in alignments:
         assert len(a["chars"]) == len(a["charStartTimesMs"]) == len(a["charDurationsMs"])
         assert min(a["charStartTimesMs"]) >= 0 and min(a["charDurationsMs"]) >= 0
-        times += [t for start, length in zip(a["charStartTimesMs"], a["charDurationsMs"])
-                  for t in (base + start, base + start + length)]
+        chars += [(c, base + start, base + start + length)
+                  for c, start, length in zip(a["chars"], a["charStartTimesMs"], a["charDurationsMs"])]
         base += a["charStartTimesMs"][-1] + a["charDurationsMs"][-1]
+    return chars
+
+
+def check_alignment(alignments: list[dict], text: str, audio_ms: float) -> None:
+    """The characters spell the text; their times never go back and stay within the audio."""
+    chars = absolute_chars(alignments)
+    assert "".join(c for c, _, _ in chars) == text
+    times = [t for _, start, end in chars for t in (start, end)]
     assert times == sorted(times) and times[-1] <= audio_ms + 1
 
 
@@ -342,3 +349,22 @@ async def test_a_contexts_pronunciation_dictionaries(server):
     assert audio["a"] == await speech_audio(server.url, text, headers, pronunciation_dictionary_locators=locators)
     check_alignment(alignments["a"], text, len(audio["a"]) / 2 / 24)
     assert audio["b"] == await speech_audio(server.url, text, headers)
+
+
+@pytest.mark.asyncio
+async def test_text_after_a_flush_is_spoken_after_it(server):
+    """A flush ends the text being spoken; the text after it is the context's next, its audio following (each
+    /v1/audio/speech's for its own text), the characters of both in order, times going on from the first's."""
+    second, headers = "And a second one. ", {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers={"xi-api-key": KEY}) as http, \
+            http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
+        await ws.send_json({"text": TEXT_A, "context_id": "a", "flush": True})
+        await ws.send_json({"text": second, "context_id": "a"})
+        await ws.send_json({"context_id": "a", "flush": True})
+        await ws.send_json({"context_id": "a", "close_context": True})
+        audio, alignments = await read_contexts(ws, 1)
+    first = await speech_audio(server.url, TEXT_A, headers)
+    assert audio["a"] == first + await speech_audio(server.url, second, headers)
+    check_alignment(alignments["a"], TEXT_A + second, len(audio["a"]) / 2 / 24)
+    first_ms, chars = len(first) / 2 / 24, absolute_chars(alignments["a"])
+    assert chars[len(TEXT_A) - 1][2] <= first_ms + 1 <= chars[len(TEXT_A)][1] + 2   # the second's after the first
