@@ -74,9 +74,17 @@ class TlsProxy:
         await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.listener.close)
+        async def stop() -> None:
+            self.listener.close()
+            relays = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
+        self.loop.close()
 
 
 def ws_url(url: str, route: str, query: str = "output_format=pcm_24000", voice: str = "vivian") -> str:
