@@ -99,10 +99,18 @@ async def speech_audio(url: str, text: str, headers: dict | None = None, **field
 
 
 def assert_same_speech(pcm: bytes, expected: bytes) -> None:
-    """The same samples, each within one step of int16: text that arrives with pauses between its pieces (the SDK
-    polls for audio between its sends) is decoded in other chunks than the whole text, which moves a few samples'
-    rounding (test_speech_stream's bound for the same pipeline)."""
+    """The same samples, each within one step of int16 (test_speech_stream's bound for the same pipeline): text that
+    streams in is decoded in chunks as its frames come, and when the talker waits for text (pauses between pieces,
+    or the text's end arriving a step after its words on a busy machine) the chunks differ from the whole text's,
+    which moves a few samples' rounding."""
     assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
+
+
+def assert_same_g711(data: bytes, expected: bytes) -> None:
+    """assert_same_speech's bound in G.711: the same length, and a sample moved by one step of int16 changes its
+    byte at most where it crosses a quantization boundary (a few in a thousand)."""
+    assert len(data) == len(expected)
+    assert np.count_nonzero(np.frombuffer(data, np.uint8) != np.frombuffer(expected, np.uint8)) <= len(data) // 100
 
 
 async def read_contexts(ws, finals: int) -> tuple[dict, list[dict]]:
@@ -236,17 +244,17 @@ async def test_the_key_alone_then_contexts(server):
             await ws.send_json({"text": ""})
             audio, _ = await read_contexts(ws, 1)
             assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
-        assert audio[None] == await speech_audio(server.url, TEXT_B, {"Authorization": f"Bearer {KEY}"},
-                                               response_format="ulaw")
+        assert_same_g711(audio[None], await speech_audio(server.url, TEXT_B, {"Authorization": f"Bearer {KEY}"},
+                                                         response_format="ulaw"))
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:   # a wrong key presented: no socket
             await http.ws_connect(ws_url(server.url, "stream-input"), headers={"xi-api-key": "wrong"})
         assert refused.value.status == 401
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_close_context_mid_generation_stops_it_and_the_next_context_is_exact(in_process_app):
+async def test_close_context_mid_generation_stops_it_and_the_next_context_is_whole(in_process_app):
     """Barge-in: close_context on a context still taking text cuts it at once (isFinal, its slot free, no request
-    left in the stages); the next context on the socket speaks exactly."""
+    left in the stages); the next context on the socket speaks as /v1/audio/speech does (assert_same_speech)."""
     url, state = in_process_app
     query = "output_format=pcm_24000&seed=11"   # a seed whose TEXT_B ends early (sampled: the shared server's defaults)
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "multi-stream-input", query)) as ws:
@@ -264,7 +272,7 @@ async def test_close_context_mid_generation_stops_it_and_the_next_context_is_exa
         audio, _ = await read_contexts(ws, 1)
         await ws.send_json({"close_socket": True})
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
-    assert audio["b"] == await speech_audio(url, TEXT_B, seed=11)   # its text came whole: exact
+    assert_same_speech(audio["b"], await speech_audio(url, TEXT_B, seed=11))
     assert state.admitted == 0
 
 
@@ -353,10 +361,11 @@ async def test_a_contexts_pronunciation_dictionaries(server):
         for context in "ab":
             await ws.send_json({"context_id": context, "close_context": True})
         audio, alignments = await read_contexts(ws, 2)
-    assert audio["a"] == await speech_audio(server.url, "text to speech is here. ", headers)
-    assert audio["a"] == await speech_audio(server.url, text, headers, pronunciation_dictionary_locators=locators)
+    assert_same_speech(audio["a"], await speech_audio(server.url, "text to speech is here. ", headers))
+    assert_same_speech(audio["a"], await speech_audio(server.url, text, headers,
+                                                      pronunciation_dictionary_locators=locators))
     check_alignment(alignments["a"], text, len(audio["a"]) / 2 / 24)
-    assert audio["b"] == await speech_audio(server.url, text, headers)
+    assert_same_speech(audio["b"], await speech_audio(server.url, text, headers))
 
 
 @pytest.mark.asyncio
@@ -372,7 +381,7 @@ async def test_text_after_a_flush_is_spoken_after_it(server):
         await ws.send_json({"context_id": "a", "close_context": True})
         audio, alignments = await read_contexts(ws, 1)
     first = await speech_audio(server.url, TEXT_A, headers)
-    assert audio["a"] == first + await speech_audio(server.url, second, headers)
+    assert_same_speech(audio["a"], first + await speech_audio(server.url, second, headers))
     check_alignment(alignments["a"], TEXT_A + second, len(audio["a"]) / 2 / 24)
     first_ms, chars = len(first) / 2 / 24, absolute_chars(alignments["a"])
     assert chars[len(TEXT_A) - 1][2] <= first_ms + 1 <= chars[len(TEXT_A)][1] + 2   # the second's after the first

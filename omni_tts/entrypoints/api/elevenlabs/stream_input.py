@@ -325,12 +325,14 @@ class Context:
             await self.session.fail(ApiError(500, "internal error; see the server log"), self.id)
 
     async def _speak(self, turn: SpeechTurn) -> None:
-        """One turn's audio messages; with an aligner, its alignment messages as its sentences are aligned."""
-        state, progressive = self.session.state, None
+        """One turn's audio messages; with an aligner, its alignment messages as its sentences are aligned. Each turn
+        is an utterance of the access log (which keeps one at a time: concurrent contexts' lines share their audio)."""
+        state, log, progressive = self.session.state, self.session.log, None
         if self.alignment is not None:
             self.alignment.begin(turn, round(self.offset * 1000))
             progressive = ProgressiveTimestamps(self.alignment, self.num_spoken)
         self.num_spoken += 1
+        log.utterance_began()
         try:
             async for piece in turn.audio():
                 if piece.data:
@@ -339,9 +341,14 @@ class Context:
                                       "alignment": None})
                 if progressive is not None and piece.samples.size:
                     progressive.feed(piece.samples, turn.text)
+                log.audio(piece.samples.shape[0] / SAMPLE_RATE)
                 self.offset += piece.samples.shape[0] / SAMPLE_RATE
+        except asyncio.CancelledError:
+            log.utterance_ended("cancelled")
+            raise
         finally:
             await turn.close()
+        log.utterance_ended(200)
         if progressive is not None:
             self.alignment.add_progressive(progressive, turn.text)
             await self.alignment.flush()

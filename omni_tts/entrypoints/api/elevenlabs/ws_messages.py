@@ -1,6 +1,6 @@
 """ElevenLabs' text-to-speech WebSockets (`stream-input`, `multi-stream-input`): the query parameters, the client's
-messages (one shape: a message is what its fields say), and the server's messages, as the `elevenlabs` SDK, Pipecat
-and LiveKit send and read them."""
+messages (one shape: a message is what its fields say) as the `elevenlabs` SDK, Pipecat and LiveKit send them, the
+error message they read, and the two routes' /openapi.json operations."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
