@@ -8,16 +8,15 @@ import subprocess
 import threading
 
 import aiohttp
-import numpy as np
 import pytest
 from elevenlabs.client import ElevenLabs
 from elevenlabs.core.api_error import ApiError
 from elevenlabs.realtime_tts import text_chunker
 
+from audio_util import assert_same_audio
 from conftest import FIXTURES, RUNS_TO_ITS_LIMIT
 from omni_tts.config import STAGE_CONFIG_DIR
 from server_util import MODEL, ServerProcess
-from test_speech_stream import assert_pcm_close
 from waiting import eventually_async
 
 ALIGNER = FIXTURES.parent / "qwen3_forced_aligner" / "tiny-forced-aligner"
@@ -98,21 +97,6 @@ async def speech_audio(url: str, text: str, headers: dict | None = None, **field
         return await r.read()
 
 
-def assert_same_speech(pcm: bytes, expected: bytes) -> None:
-    """The same samples, each within one step of int16 (test_speech_stream's bound for the same pipeline): text that
-    streams in is decoded in chunks as its frames come, and when the talker waits for text (pauses between pieces,
-    or the text's end arriving a step after its words on a busy machine) the chunks differ from the whole text's,
-    which moves a few samples' rounding."""
-    assert_pcm_close(pcm, np.frombuffer(expected, "<i2"))
-
-
-def assert_same_g711(data: bytes, expected: bytes) -> None:
-    """assert_same_speech's bound in G.711: the same length, and a sample moved by one step of int16 changes its
-    byte at most where it crosses a quantization boundary (a few in a thousand)."""
-    assert len(data) == len(expected)
-    assert np.count_nonzero(np.frombuffer(data, np.uint8) != np.frombuffer(expected, np.uint8)) <= len(data) // 100
-
-
 async def read_contexts(ws, finals: int) -> tuple[dict, list[dict]]:
     """Audio and alignments per context id until `finals` isFinal messages."""
     audio, alignments, seen = {}, {}, 0
@@ -162,7 +146,7 @@ async def test_stream_input_alignment_spells_the_text_within_the_audio(server):
         audio, alignments = await read_contexts(ws, 1)
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
     text = TEXT_A + "And a second one. "
-    assert_same_speech(audio[None], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+    assert_same_audio(audio[None], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
     check_alignment(alignments[None], text, len(audio[None]) / 2 / 24)
 
 
@@ -181,14 +165,14 @@ def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monk
         proxy.close()
     assert refused.value.status_code == 1008 and "nobody" in str(refused.value.body)
     text = "".join(text_chunker(iter(PIECES)))   # what the SDK sends: the pieces cut at punctuation, spaces added
-    assert_same_speech(audio, asyncio.run(speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"})))
+    assert_same_audio(audio, asyncio.run(speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"})))
 
 
 @pytest.mark.asyncio
 async def test_two_interleaved_contexts(server):
     """multi-stream-input as Pipecat and LiveKit speak it: contexts initialized, their text interleaved, keep-alives
     (context-less too), flush, close_context after the flush (the audio ends first), close_socket; each context's
-    audio is /v1/audio/speech's for its text (assert_same_speech), its characters spell it."""
+    audio is /v1/audio/speech's for its text (within one 16-bit step: assert_same_audio), its characters spell it."""
     headers = {"xi-api-key": KEY}
     query = ("output_format=pcm_24000&model_id=eleven_turbo_v2_5&inactivity_timeout=180&sync_alignment=true"
              "&auto_mode=true")
@@ -209,7 +193,7 @@ async def test_two_interleaved_contexts(server):
         await ws.send_json({"close_socket": True})
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
     for context, text in (("a", TEXT_A), ("b", TEXT_B)):
-        assert_same_speech(audio[context], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
+        assert_same_audio(audio[context], await speech_audio(server.url, text, {"Authorization": f"Bearer {KEY}"}))
         check_alignment(alignments[context], text, len(audio[context]) / 2 / 24)
 
 
@@ -228,7 +212,7 @@ async def test_the_first_message_without_the_key_is_refused(server, route, first
 @pytest.mark.asyncio
 async def test_the_key_alone_then_contexts(server):
     """Some clients send the key in a message of its own first, then their contexts; the authorization query
-    parameter opens a socket as the header does (here in G.711 mu-law, the telephony format: the same bytes as the
+    parameter (and a browser's key subprotocol) opens a socket as the header does (here in G.711 mu-law, the telephony format: the same bytes as the
     speech route's)."""
     async with aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
@@ -244,8 +228,14 @@ async def test_the_key_alone_then_contexts(server):
             await ws.send_json({"text": ""})
             audio, _ = await read_contexts(ws, 1)
             assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
-        assert_same_g711(audio[None], await speech_audio(server.url, TEXT_B, {"Authorization": f"Bearer {KEY}"},
-                                                         response_format="ulaw"))
+        assert_same_audio(audio[None], await speech_audio(server.url, TEXT_B, {"Authorization": f"Bearer {KEY}"},
+                                                         response_format="ulaw"), "ulaw")
+        key_protocol = "omni-tts.bearer." + base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=")
+        async with http.ws_connect(ws_url(server.url, "stream-input"), protocols=("omni-tts", key_protocol)) as ws:
+            assert ws.protocol == "omni-tts"   # a browser's way, as on every WebSocket route of ours
+            await ws.send_json({"text": " "})
+            await ws.send_json({"text": ""})
+            assert (await ws.receive_json()) == {"isFinal": True}
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:   # a wrong key presented: no socket
             await http.ws_connect(ws_url(server.url, "stream-input"), headers={"xi-api-key": "wrong"})
         assert refused.value.status == 401
@@ -254,7 +244,7 @@ async def test_the_key_alone_then_contexts(server):
 @pytest.mark.asyncio(loop_scope="session")
 async def test_close_context_mid_generation_stops_it_and_the_next_context_is_whole(in_process_app):
     """Barge-in: close_context on a context still taking text cuts it at once (isFinal, its slot free, no request
-    left in the stages); the next context on the socket speaks as /v1/audio/speech does (assert_same_speech)."""
+    left in the stages); the next context on the socket speaks as /v1/audio/speech does (assert_same_audio)."""
     url, state = in_process_app
     query = "output_format=pcm_24000&seed=11"   # a seed whose TEXT_B ends early (sampled: the shared server's defaults)
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "multi-stream-input", query)) as ws:
@@ -272,7 +262,7 @@ async def test_close_context_mid_generation_stops_it_and_the_next_context_is_who
         audio, _ = await read_contexts(ws, 1)
         await ws.send_json({"close_socket": True})
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1000
-    assert_same_speech(audio["b"], await speech_audio(url, TEXT_B, seed=11))
+    assert_same_audio(audio["b"], await speech_audio(url, TEXT_B, seed=11))
     assert state.admitted == 0
 
 
@@ -282,7 +272,7 @@ BAD_INPUT = [  # (route, whether a turn is speaking first, the messages, status,
     ("stream-input", True, [{"text": "Hi ", "speak": True}], 400, 1008),         # an unknown field
     ("multi-stream-input", True, [{"context_id": "a"}], 400, 1008),              # no message the protocol has
     ("stream-input", True, [b"\x00\x01"], 415, 1003),                           # a binary frame
-    ("multi-stream-input", True, [{"type": "input.cancel"}], 400, 1008),         # our own WebSocket's message
+    ("multi-stream-input", True, [{"type": "input.cancel"}], 400, 1008),         # our WebSocket's, not this
     ("multi-stream-input", True, [{"text": "x" * 200_000, "context_id": "a"}], 413, 1009),
     ("multi-stream-input", True, [{"text": "Hi ", "context_id": c} for c in "abcde"], 400, 1008),   # a sixth
 ]
@@ -361,11 +351,11 @@ async def test_a_contexts_pronunciation_dictionaries(server):
         for context in "ab":
             await ws.send_json({"context_id": context, "close_context": True})
         audio, alignments = await read_contexts(ws, 2)
-    assert_same_speech(audio["a"], await speech_audio(server.url, "text to speech is here. ", headers))
-    assert_same_speech(audio["a"], await speech_audio(server.url, text, headers,
+    assert_same_audio(audio["a"], await speech_audio(server.url, "text to speech is here. ", headers))
+    assert_same_audio(audio["a"], await speech_audio(server.url, text, headers,
                                                       pronunciation_dictionary_locators=locators))
     check_alignment(alignments["a"], text, len(audio["a"]) / 2 / 24)
-    assert_same_speech(audio["b"], await speech_audio(server.url, text, headers))
+    assert_same_audio(audio["b"], await speech_audio(server.url, text, headers))
 
 
 @pytest.mark.asyncio
@@ -381,7 +371,7 @@ async def test_text_after_a_flush_is_spoken_after_it(server):
         await ws.send_json({"context_id": "a", "close_context": True})
         audio, alignments = await read_contexts(ws, 1)
     first = await speech_audio(server.url, TEXT_A, headers)
-    assert_same_speech(audio["a"], first + await speech_audio(server.url, second, headers))
+    assert_same_audio(audio["a"], first + await speech_audio(server.url, second, headers))
     check_alignment(alignments["a"], TEXT_A + second, len(audio["a"]) / 2 / 24)
     first_ms, chars = len(first) / 2 / 24, absolute_chars(alignments["a"])
     assert chars[len(TEXT_A) - 1][2] <= first_ms + 1 <= chars[len(TEXT_A)][1] + 2   # the second's after the first

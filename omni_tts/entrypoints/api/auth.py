@@ -30,7 +30,7 @@ FIRST_MESSAGE_KEY = web.RequestKey("first_message_key", bytes)   # the key the f
 
 def presented_api_key(request: web.Request) -> bytes | None:
     """The key a request presents: `Authorization: Bearer <key>`, ElevenLabs' `xi-api-key` header, on ElevenLabs'
-    WebSockets the `authorization` query parameter, or on another WebSocket route its key subprotocol."""
+    WebSockets the `authorization` query parameter, or on a WebSocket route its key subprotocol."""
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         return given.strip().encode("utf-8", "surrogateescape")

@@ -23,7 +23,7 @@ from omni_tts.entrypoints.api.schema import ApiError, describe_fields
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 from ..access_log import SessionLog, request_id
-from ..auth import FIRST_MESSAGE_KEY, check_first_message_key
+from ..auth import FIRST_MESSAGE_KEY, WS_PROTOCOL, check_first_message_key
 from ..client_messages import ClientMessages
 from ..errors import REQUEST_ERRORS, api_error
 from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
@@ -51,8 +51,9 @@ async def multi_stream_input(request: web.Request) -> web.WebSocketResponse:
 
 
 async def _serve(request: web.Request, multi: bool) -> web.WebSocketResponse:
-    # autoclose off: the session answers a client's close as it ends, not the reading task while it may still write
-    ws = web.WebSocketResponse(max_msg_size=4 * MAX_MESSAGE_BYTES, autoclose=False)
+    # autoclose off: the session answers a client's close as it ends, not the reading task while it may still write;
+    # WS_PROTOCOL is answered to a browser that sent its key as a subprotocol (auth.presented_api_key)
+    ws = web.WebSocketResponse(max_msg_size=4 * MAX_MESSAGE_BYTES, protocols=(WS_PROTOCOL,), autoclose=False)
     await ws.prepare(request)
     state = request.app[STATE]
     with SessionLog(request, ws, state.in_flight.why_cut) as log:
@@ -98,10 +99,7 @@ class StreamSession:
         except REQUEST_ERRORS as e:
             await self.fail(api_error(e))
         except asyncio.CancelledError:
-            if self.messages.take_cancel():   # the reader cancels on our own WebSocket's input.cancel
-                await self.fail(ApiError(400, "input.cancel is omni_tts' own WebSocket's message, not ElevenLabs'; "
-                                              "close_context interrupts a context", "type"))
-            elif not self.messages.closed_by_client():
+            if not self.messages.closed_by_client():
                 raise
         except ConnectionError:
             pass  # the connection closed while the session wrote to it: there is no one to tell
