@@ -212,8 +212,8 @@ async def test_the_first_message_without_the_key_is_refused(server, route, first
 @pytest.mark.asyncio
 async def test_the_key_alone_then_contexts(server):
     """Some clients send the key in a message of its own first, then their contexts; the authorization query
-    parameter (and a browser's key subprotocol) opens a socket as the header does (here in G.711 mu-law, the telephony format: the same bytes as the
-    speech route's)."""
+    parameter (and a browser's key subprotocol) opens a socket as the header does (here in G.711 mu-law, the
+    telephony format: the speech route's audio)."""
     async with aiohttp.ClientSession() as http:
         async with http.ws_connect(ws_url(server.url, "multi-stream-input")) as ws:
             await ws.send_json({"xi_api_key": KEY})
@@ -311,17 +311,22 @@ async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_ap
 
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("query, voice, param", [("output_format=pcm_32000", "vivian", "output_format"),
-                                                 ("language_code=xx", "vivian", "language_code"),
+                                                 ("output_format=flac_24000", "vivian", "output_format"),
                                                  ("inactivity_timeout=999", "vivian", "inactivity_timeout"),
-                                                 ("output_format=pcm_24000", "nobody", "voice"),
-                                                 ("seed=-5", "vivian", "seed")])
+                                                 ("output_format=pcm_24000", "nobody", "voice_id"),
+                                                 ("seed=-5", "vivian", "seed"),
+                                                 ("language_code=xx", "vivian", "language_code")])
 async def test_bad_parameters_are_named(in_process_app, query, voice, param):
+    """Each as ElevenLabs names it; a language the model lacks is found when its first text is read."""
     url, state = in_process_app
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url, "stream-input", query, voice)) as ws:
         await ws.send_json({"text": " "})
+        if param == "language_code":
+            await ws.send_json({"text": "Hi "})
         error = await ws.receive_json()
         assert error["code"] == 400 and error["param"] == param, error
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+    await eventually_async(lambda: state.admitted == 0 and not state.tts.requests, what="nothing left")
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -30,6 +30,7 @@ from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
 from ..state import STATE, ServerState
 from ..word_times import ProgressiveTimestamps
 from .context_alignment import ContextAlignment
+from .tts_request import renamed
 from .ws_messages import ClientMessage, StreamParams, decode_message, error_message, stream_params
 
 logger = logging.getLogger(__name__)
@@ -209,14 +210,14 @@ class StreamSession:
         await self.ws.send_json(message | context.ids)
 
     async def fail(self, error: ApiError, context_id: str | None = None) -> None:
-        """The error message (once), then the close: a non-1000 code, which the SDK raises on; every context's
-        audio stops."""
+        """The error message (once; `param` ElevenLabs' name for the field), then the close: a non-1000 code, which
+        the SDK raises on; every context's audio stops."""
         if self.ending:
             return
         self.ending = True
         self.log.failed(error.status)
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.ws.send_json(error_message(error, context_id))
+            await self.ws.send_json(error_message(renamed(error), context_id))
         for context in self._all_contexts():
             if context.sender is not asyncio.current_task():
                 context.sender.cancel()

@@ -10,19 +10,20 @@ import msgspec
 from omni_tts.entrypoints.api.schema import (MAX_PRONUNCIATION_LOCATORS, ApiError, Name, PronunciationLocator,
                                            SpeechOptions, decode_json)
 
-from .fields import VOICE_SETTINGS, language_name, speech_format
+from .tts_request import LANGUAGES, VoiceSettings, output_format, renamed
 
 MAX_CONTEXT_ID_CHARS = 128
 # query parameters with no meaning here, accepted and named as ignored (the rest: StreamParams' own docs)
 IGNORED_PARAMS = ("enable_logging", "enable_ssml_parsing", "apply_text_normalization", "auto_mode",
-                  "optimize_streaming_latency", "model_id")
+                  "optimize_streaming_latency")
 
 
 class StreamParams(msgspec.Struct, kw_only=True):
-    """The socket's query parameters. model_id: every ElevenLabs model is the served one (the SDK sends `Ellipsis`
-    for none); sync_alignment: alignment always follows the audio it times (alignment.py); inactivity_timeout:
-    seconds without a message (or audio going out) before the socket closes."""
-    output_format: str = "mp3_44100_128"
+    """The socket's query parameters, read as the REST routes read theirs (tts_request.py). model_id: a served name
+    or an alias (ElevenLabs' model names; the SDK writes `Ellipsis` for none); sync_alignment: alignment always
+    follows the audio it times (context_alignment.py); inactivity_timeout: seconds without a message (or audio going
+    out) before the socket closes."""
+    output_format: str | None = None
     language_code: Name | None = None
     inactivity_timeout: Annotated[float, msgspec.Meta(gt=0, le=180)] = 20.0
     seed: int | None = None
@@ -36,19 +37,22 @@ class StreamParams(msgspec.Struct, kw_only=True):
     authorization: str | None = None   # the API key (auth.py)
 
     def speech_options(self, voice_id: str, locators: list[PronunciationLocator] | None) -> SpeechOptions:
-        """The session's SpeechOptions: our voice by the path's voice_id (names.py), the format and rate, language,
-        seed and the init's pronunciation dictionaries; the server's sampling defaults otherwise (ElevenLabs has no
-        sampling fields)."""
-        response_format, sample_rate = speech_format(self.output_format)
-        fields = dict(voice=voice_id, response_format=response_format, sample_rate=sample_rate,
-                      language=language_name(self.language_code), seed=self.seed,
+        """The session's SpeechOptions: our voice and model by the path's voice_id and model_id (an alias, or our
+        own name), the format and rate, language, seed and the init's pronunciation dictionaries; the server's
+        sampling defaults otherwise (ElevenLabs has no sampling fields)."""
+        response_format, sample_rate, _ = output_format(self.output_format)
+        language = LANGUAGES.get(self.language_code.lower(), self.language_code) if self.language_code else None
+        fields = dict(voice=voice_id, model=self.model_id, response_format=response_format, sample_rate=sample_rate,
+                      language=language, seed=self.seed,
                       pronunciation_dictionary_locators=msgspec.to_builtins(locators))
         return _convert({name: value for name, value in fields.items() if value is not None}, SpeechOptions)
 
     def ignored(self) -> list[str]:
-        """The ignored parameters the client set to other than their defaults."""
+        """The ignored parameters the client set to other than their defaults, and an output_format's bit rate other
+        than our encoder's."""
         defaults = StreamParams()
-        return [name for name in IGNORED_PARAMS if getattr(self, name) != getattr(defaults, name)]
+        return ([name for name in IGNORED_PARAMS if getattr(self, name) != getattr(defaults, name)]
+                + output_format(self.output_format)[2])
 
 
 def stream_params(query: dict[str, str]) -> StreamParams:
@@ -58,20 +62,12 @@ def stream_params(query: dict[str, str]) -> StreamParams:
 
 
 def _convert(values: dict, type_: type) -> object:
-    """Query strings into `type_`, its ranges checked (ApiError 400 naming the parameter)."""
+    """Query strings into `type_`, its ranges checked (ApiError 400 naming ElevenLabs' parameter)."""
     try:
         return msgspec.convert(values, type_, strict=False)
     except msgspec.ValidationError as e:
-        raise ApiError(400, f"invalid query parameter: {e}", str(e).rpartition("$.")[2].rstrip("`") or None) from None
-
-
-class VoiceSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Accepted and named as ignored (fields.VOICE_SETTINGS)."""
-    stability: float | None = None
-    similarity_boost: float | None = None
-    style: float | None = None
-    use_speaker_boost: bool | None = None
-    speed: float | None = None
+        raise renamed(ApiError(400, f"invalid query parameter: {e}", str(e).rpartition("$.")[2].rstrip("`") or None)
+                      ) from None
 
 
 class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -113,7 +109,7 @@ class ClientMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """The fields it set that mean nothing here (a speed other than 1 included: a streamed response keeps the
         model's pace)."""
         settings = self.voice_settings
-        names = [] if settings is None else [f"voice_settings.{name}" for name in VOICE_SETTINGS
+        names = [] if settings is None else [f"voice_settings.{name}" for name in VoiceSettings.__struct_fields__
                                              if getattr(settings, name) not in (None, 1.0 if name == "speed" else None)]
         if (self.generation_config or self.generator_config) is not None:
             names.append("generation_config")
