@@ -315,7 +315,8 @@ async def test_bad_input_is_an_error_then_a_close_and_nothing_runs(in_process_ap
                                                  ("inactivity_timeout=999", "vivian", "inactivity_timeout"),
                                                  ("output_format=pcm_24000", "nobody", "voice_id"),
                                                  ("seed=-5", "vivian", "seed"),
-                                                 ("language_code=xx", "vivian", "language_code")])
+                                                 ("language_code=xx", "vivian", "language_code"),
+                                                 ("model_id=eleven_nonexistent", "vivian", "model_id")])
 async def test_bad_parameters_are_named(in_process_app, query, voice, param):
     """Each as ElevenLabs names it; a language the model lacks is found when its first text is read."""
     url, state = in_process_app
@@ -324,7 +325,7 @@ async def test_bad_parameters_are_named(in_process_app, query, voice, param):
         if param == "language_code":
             await ws.send_json({"text": "Hi "})
         error = await ws.receive_json()
-        assert error["code"] == 400 and error["param"] == param, error
+        assert error["code"] == (404 if param == "model_id" else 400) and error["param"] == param, error
         assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
     await eventually_async(lambda: state.admitted == 0 and not state.tts.requests, what="nothing left")
 
