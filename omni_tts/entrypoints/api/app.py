@@ -27,6 +27,7 @@ from .server_config import ServerConfig
 from .cors import Cors
 from .dashscope.qwen_routes import dashscope_routes
 from .elevenlabs import ELEVENLABS_ROUTES
+from .elevenlabs.stream_input import WEBSOCKET_ROUTES as ELEVENLABS_WEBSOCKET_ROUTES
 from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
@@ -75,6 +76,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         *INFO_ROUTES,
         *REALTIME_ROUTES,
         *ELEVENLABS_ROUTES,
+        *ELEVENLABS_WEBSOCKET_ROUTES,
         *openapi_routes(config.model_names, api_key_required=config.api_key is not None,
                         strict_fields=config.strict_fields),
         *playground_routes(),
