@@ -171,7 +171,12 @@ def test_a_streamed_request_plays_from_its_first_packet(browser, cv_server):
         browser.get_screenshot_as_file(path)
 
 
-@pytest.mark.parametrize("protocol", ["qwen_realtime", "openai_realtime"])
+# each API's audio is /v1/audio/speech's with the same layout: a streamed HTTP answer's, or text that streams in
+SAME_AS = {"elevenlabs": {"stream_format": "audio"}, "qwen_realtime": {"non_streaming_mode": False},
+           "openai_realtime": {"non_streaming_mode": False}}
+
+
+@pytest.mark.parametrize("protocol", SAME_AS)
 def test_the_same_speech_through_each_api_the_page_can_pick(browser, cv_server, protocol):
     """The page speaks through another API as that API's browser clients do (the key as its own subprotocol or
     header); the take plays whole and equals /v1/audio/speech's audio for the same text and voice."""
@@ -184,7 +189,7 @@ def test_the_same_speech_through_each_api_the_page_can_pick(browser, cv_server, 
     browser.find_element(By.ID, "speak").click()
     take = played_take(browser)
     pcm = api(cv_server, "/v1/audio/speech", dict(SAMPLING, model=MODEL, voice="ryan", input=text,
-                                                  response_format="pcm", non_streaming_mode=False))
+                                                  response_format="pcm", **SAME_AS[protocol]))
     assert take["received"] == len(pcm) // 2 > 0 and take["played"] == take["received"]
     assert console_errors(browser) == []
 

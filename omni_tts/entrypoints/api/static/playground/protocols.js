@@ -39,6 +39,10 @@ async function speakElevenLabs(text, options, on, signal) {
   const body = {text, model_id: "eleven_multilingual_v2"};
   if (options.language) body.language_code = options.language;
   if (options.seed !== undefined) body.seed = options.seed;
+  // omni_tts's own fields ride in the body beside ElevenLabs' (the sampling controls, instructions)
+  for (const field of ["temperature", "max_new_tokens", "instructions"]) {
+    if (options[field] !== undefined) body[field] = options[field];
+  }
   const voice = encodeURIComponent(options.voice || "default");
   const response = await apiFetch(`v1/text-to-speech/${voice}/stream?output_format=pcm_24000`, {
     method: "POST", headers: {"Content-Type": "application/json"}, signal, body: JSON.stringify(body),
