@@ -12,12 +12,19 @@ resumed by the session (`take_cancel`); elsewhere it is a message like any other
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable
 from typing import Callable
 
 import msgspec
 from aiohttp import WSMessage, WSMsgType, web
 
-from omni_tts.entrypoints.api.schema import MessageType
+from omni_tts.entrypoints.api.schema import ApiError, MessageType
+
+from .errors import REQUEST_ERRORS, api_error
+
+logger = logging.getLogger(__name__)
 
 MAX_BYTES_AHEAD = 2**20
 MESSAGE_OVERHEAD = 256   # what a held message costs beside its data: a text of one token is a few bytes
@@ -116,3 +123,26 @@ def _is_cancel(message: WSMessage, cancel_type: str) -> bool:
 
 def _cost(message: WSMessage) -> int:
     return len(message.data) + MESSAGE_OVERHEAD
+
+
+@contextlib.asynccontextmanager
+async def session_ending(messages: ClientMessages, fail: Callable[[ApiError], Awaitable[None]],
+                         close: Callable[[], Awaitable[None]], name: str) -> AsyncIterator[None]:
+    """Around a WebSocket session's run, whatever its protocol: an error that ends a request is the protocol's error
+    (`fail`), an unexpected one is logged and failed as a 500; the client's close (which cancels the session's task)
+    or a connection lost while writing ends it quietly. However it ends, `close` runs shielded: a client that goes
+    away cancels the handler, and the session's requests and slots must still be let go of."""
+    try:
+        yield
+    except REQUEST_ERRORS as e:
+        await fail(api_error(e))
+    except asyncio.CancelledError:
+        if not messages.closed_by_client():
+            raise
+    except ConnectionError:
+        pass  # the connection closed while the session wrote to it: there is no one to tell
+    except Exception:
+        logger.exception("%s session failed", name)
+        await fail(ApiError(500, "internal error; see the server log"))
+    finally:
+        await asyncio.shield(close())

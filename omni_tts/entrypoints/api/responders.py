@@ -166,6 +166,16 @@ def whole_file_json(speech: SpeechRequest, last: SpeechChunk, ends: list[Segment
     return body
 
 
+def cut_stream(request: web.Request, state: ServerState, error: Exception) -> None:
+    """A streamed answer ended by an error long after its status line went out: the connection closes without the
+    chunked body's terminator, so the client sees a truncated response instead of audio that merely stops (or a
+    second response inside it)."""
+    logger.warning("streamed response cut: %s", error)
+    state.metrics.count_error(api_error(error).status)
+    if request.transport is not None:
+        request.transport.close()
+
+
 async def respond_audio_stream(request: web.Request, state: ServerState, speech: SpeechRequest,
                                first: SpeechChunk, stream: AsyncIterator[SpeechChunk], arrived: float,
                                headers: dict[str, str]) -> web.StreamResponse:
@@ -184,12 +194,7 @@ async def respond_audio_stream(request: web.Request, state: ServerState, speech:
                 if chunk.usage is not None:
                     record_request_usage(request, state, chunk, arrived)
         except REQUEST_ERRORS as e:
-            # the status line went out long ago: end the connection without the chunked body's terminator, so the
-            # client sees a truncated response instead of audio that merely stops (or a second response inside it)
-            logger.warning("streamed response cut: %s", e)
-            state.metrics.count_error(api_error(e).status)
-            if request.transport is not None:
-                request.transport.close()
+            cut_stream(request, state, e)
             return response
         tail = encoder.finish()
         if tail:

@@ -32,8 +32,7 @@ from .access_log import SessionLog
 from .admission import Admission
 from .audio_frames import AudioFrames
 from .auth import WS_PROTOCOL
-from .client_messages import ClientMessages
-from .errors import REQUEST_ERRORS, api_error
+from .client_messages import ClientMessages, session_ending
 from .narrated_utterance import NarratedUtterance
 from .responders import delivered_audio, encode_chunk, encode_whole, record_usage
 from .speech_turn import check_text_length
@@ -85,34 +84,21 @@ class SpeechSession:
 
     async def run(self) -> None:
         self.messages.start()   # a client's close (or input.cancel) cancels this task at once, whatever it is doing
-        try:
-            while True:
-                try:
-                    message = await self._receive()
-                    if message is None or isinstance(message, SessionClose):
-                        break
-                    await self._handle(message)
-                except asyncio.CancelledError:
-                    if not self.messages.take_cancel():
-                        raise
-                    await self._cancel_utterance()
-        except SessionError as e:
-            await self.fail(str(e))
-        except REQUEST_ERRORS as e:
-            error = api_error(e)
-            await self.fail(error.message, error.status)
-        except asyncio.CancelledError:
-            if not self.messages.closed_by_client():
-                raise
-        except ConnectionError:
-            pass  # the connection closed while the session wrote to it: there is no one to tell
-        except Exception:
-            logger.exception("speech stream session failed")
-            await self.fail("internal error; see the server log", 500)
-        finally:
-            # shielded: a client that goes away cancels the handler (handler_cancellation), and the utterance's
-            # requests and slot must still be let go of
-            await asyncio.shield(self._close())
+        async with session_ending(self.messages, lambda error: self.fail(error.message, error.status), self._close,
+                                  "speech stream"):
+            try:
+                while True:
+                    try:
+                        message = await self._receive()
+                        if message is None or isinstance(message, SessionClose):
+                            break
+                        await self._handle(message)
+                    except asyncio.CancelledError:
+                        if not self.messages.take_cancel():
+                            raise
+                        await self._cancel_utterance()
+            except SessionError as e:
+                await self.fail(str(e))
 
     async def _cancel_utterance(self) -> None:
         """input.cancel: the utterance in progress stops (its sender cancelled, its requests aborted, its slot

@@ -23,7 +23,7 @@ from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 from ..access_log import SessionLog, request_id
 from ..auth import WS_PROTOCOL
-from ..client_messages import ClientMessages
+from ..client_messages import ClientMessages, session_ending
 from ..errors import REQUEST_ERRORS, api_error
 from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
 from ..state import STATE, ServerState
@@ -99,7 +99,7 @@ class RealtimeSession:
 
     async def run(self) -> None:
         self.messages.start()   # a client's close cancels this task at once, whatever it is doing
-        try:
+        async with session_ending(self.messages, self.fail, self._close, "qwen-tts realtime"):
             await self.send(event("session.created", session=self._session_json()))
             while not self.finishing and (message := await self._receive()) is not None:
                 await self._handle(message)
@@ -107,20 +107,6 @@ class RealtimeSession:
                 await self.all_spoken.wait()
                 if not self.failed:
                     await self.send(event("session.finished"))
-        except REQUEST_ERRORS as e:
-            await self.fail(api_error(e))
-        except asyncio.CancelledError:
-            if not self.messages.closed_by_client():
-                raise
-        except ConnectionError:
-            pass  # the connection closed while the session wrote to it: there is no one to tell
-        except Exception:
-            logger.exception("qwen-tts realtime session failed")
-            await self.fail(ApiError(500, "internal error; see the server log"))
-        finally:
-            # shielded: a client that goes away cancels the handler, and the response's request and slot must
-            # still be let go of
-            await asyncio.shield(self._close())
 
     async def _close(self) -> None:
         self.closed = True

@@ -24,7 +24,7 @@ from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 
 from ..access_log import SessionLog, request_id
 from ..auth import FIRST_MESSAGE_KEY, WS_PROTOCOL, check_first_message_key
-from ..client_messages import ClientMessages
+from ..client_messages import ClientMessages, session_ending
 from ..errors import REQUEST_ERRORS, api_error
 from ..speech_turn import SpeechTurn, TurnVoice, prepare_voice
 from ..state import STATE, ServerState
@@ -78,7 +78,7 @@ class StreamSession:
 
     async def run(self) -> None:
         self.messages.start()   # a client's close cancels this task at once, whatever it is doing
-        try:
+        async with session_ending(self.messages, self.fail, self._close, "elevenlabs websocket"):
             self.params = stream_params(self.request.query)
             if ignored := self.params.ignored():
                 logger.info("elevenlabs websocket: ignored query parameter(s): %s", ", ".join(ignored))
@@ -97,20 +97,6 @@ class StreamSession:
                 message = await self._receive()
             if message is not None:
                 await self._finish()
-        except REQUEST_ERRORS as e:
-            await self.fail(api_error(e))
-        except asyncio.CancelledError:
-            if not self.messages.closed_by_client():
-                raise
-        except ConnectionError:
-            pass  # the connection closed while the session wrote to it: there is no one to tell
-        except Exception:
-            logger.exception("elevenlabs websocket session failed")
-            await self.fail(ApiError(500, "internal error; see the server log"))
-        finally:
-            # shielded: a client that goes away cancels the handler, and the turns' requests and slots must still
-            # be let go of
-            await asyncio.shield(self._close())
 
     async def _receive(self, timeout: float | None = None) -> ClientMessage | None:
         """The next message, None once the socket is closing. No message for `timeout` seconds (inactivity_timeout)

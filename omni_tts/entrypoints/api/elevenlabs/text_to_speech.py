@@ -14,10 +14,10 @@ from aiohttp import web
 
 from omni_tts.audio.encoding import create_stream_encoder, encode_audio
 from omni_tts.entrypoints.api.access_log import SPEECH_LOG, SpeechLog, request_id
-from omni_tts.entrypoints.api.errors import REQUEST_ERRORS, api_error
+from omni_tts.entrypoints.api.errors import REQUEST_ERRORS
 from omni_tts.entrypoints.api.narrated_file import respond_narrated_file
-from omni_tts.entrypoints.api.responders import (collect, delivered_audio, encode_chunk, record_request_usage,
-                                                 respond_whole, whole_file_headers, with_first)
+from omni_tts.entrypoints.api.responders import (collect, cut_stream, delivered_audio, encode_chunk,
+                                                 record_request_usage, respond_whole, whole_file_headers, with_first)
 from omni_tts.entrypoints.api.schema import IGNORED_FIELDS_HEADER, ApiError, SpeechRequest, describe_fields
 from omni_tts.entrypoints.api.speech import answer_speech, read_body
 from omni_tts.entrypoints.api.state import STATE, ServerState
@@ -166,10 +166,7 @@ async def respond_ndjson(request: web.Request, state: ServerState, speech: Speec
                             if rest is not None:
                                 await send(b"", rest)
         except REQUEST_ERRORS as e:
-            logger.warning("streamed response cut: %s", e)
-            state.metrics.count_error(api_error(e).status)
-            if request.transport is not None:
-                request.transport.close()
+            cut_stream(request, state, e)
             return response
         await response.write_eof()
         return response
