@@ -25,7 +25,7 @@ from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AU
 
 from .dashscope.audio_links import AUDIO_PATH
 from .dashscope.qwen_openapi import dashscope_paths
-from .elevenlabs.ws_messages import OPENAPI_PATHS as ELEVENLABS_SOCKET_PATHS
+from .elevenlabs.ws_messages import openapi_paths as elevenlabs_socket_paths
 from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
 from .elevenlabs.api_document import elevenlabs_paths
 from .elevenlabs.api_document import error_response as elevenlabs_error
@@ -258,7 +258,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                               "image/svg+xml": {"schema": {"type": "string"}}}},
                           "404": _error("no such file")}}},
         **dashscope_paths(_error("not a WebSocket upgrade request")),
-        **ELEVENLABS_SOCKET_PATHS,
+        **elevenlabs_socket_paths(),
     }
     other_paths, other_schemas = elevenlabs_paths()
     paths |= other_paths

@@ -159,9 +159,11 @@ def _socket_operation(operation_id: str, summary: str) -> dict:
                     "content": {"application/json": {"schema": _ERROR_BODY}}}}}
 
 
-OPENAPI_PATHS = {
-    "/v1/text-to-speech/{voice_id}/stream-input": {"get": _socket_operation(
-        "elevenlabsStreamInput", "ElevenLabs' text-to-speech WebSocket, one context")},
-    "/v1/text-to-speech/{voice_id}/multi-stream-input": {"get": _socket_operation(
-        "elevenlabsMultiStreamInput", "ElevenLabs' multi-context text-to-speech WebSocket")},
-}
+def openapi_paths() -> dict:
+    """The two routes' operations, made anew for each document (it adds to them: a keyed server's 401)."""
+    return {
+        "/v1/text-to-speech/{voice_id}/stream-input": {"get": _socket_operation(
+            "elevenlabsStreamInput", "ElevenLabs' text-to-speech WebSocket, one context")},
+        "/v1/text-to-speech/{voice_id}/multi-stream-input": {"get": _socket_operation(
+            "elevenlabsMultiStreamInput", "ElevenLabs' multi-context text-to-speech WebSocket")},
+    }
