@@ -54,10 +54,6 @@ async def collect(engine, request, **kwargs):
     return np.concatenate([c.audio for c in chunks]), chunks[-1].usage, chunks
 
 
-def our_segments():
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"omni_tts_{os.getpid()}_")]
-
-
 def alive(pid):
     try:
         os.kill(pid, 0)
