@@ -19,7 +19,7 @@ def test_two_set_up_commands_and_serving_installs_the_package_alone():
     [torch, *serving_steps] = serving
     assert torch.startswith("pip install torch==") and testing[0] == torch
     assert serving_steps == ["pip install -e .", "omni-tts serve"]
-    assert testing[1:] == ['pip install -e ".[test]"', "python -m pytest -q -rs"]
+    assert testing[1:] == ['pip install -e ".[test]"', "python -m pytest -q -rs -n 2 --dist loadfile"]
 
 
 def test_ci_runs_the_readmes_test_command():
