@@ -36,12 +36,10 @@ async def respond_narrated_file(request: web.Request, state: ServerState, speech
         try:
             last, ends, num_samples = first, [], 0
             async for chunk in with_first(first, stream):
-                if isinstance(chunk.segment, SegmentEnd):  # its audio is the pause after the segment
+                if isinstance(chunk.segment, SegmentEnd):
                     ends.append(chunk.segment)
-                    if words is not None:
-                        await words.end(chunk.segment)
-                elif words is not None and chunk.audio.size:
-                    words.feed(chunk.audio)
+                if words is not None:
+                    await words.take(chunk)
                 if chunk.audio.size:
                     await state.run(writer.write, chunk.audio)
                     num_samples += chunk.audio.shape[0]

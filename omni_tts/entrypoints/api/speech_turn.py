@@ -62,7 +62,6 @@ async def prepare_voice(state: ServerState, options: SpeechOptions) -> TurnVoice
 class TurnAudio:
     data: bytes                # encoded in the options' format and rate; the first piece carries a container header
     samples: np.ndarray        # the same audio, float32 at the model's rate (empty for a codec's tail)
-    offset: float              # seconds of the turn's audio before this piece
     usage: Usage | None = None  # on the last piece
 
 
@@ -118,7 +117,7 @@ class SpeechTurn:
         options, started = self.voice.options, asyncio.get_running_loop().time()
         encoder = create_stream_encoder(options.response_format, SAMPLE_RATE, options.sample_rate)
         try:
-            pending, offset = encoder.start(), 0.0
+            pending = encoder.start()
             async for chunk in self.stream:
                 data = b""
                 if chunk.audio.size:
@@ -129,8 +128,7 @@ class SpeechTurn:
                     data += pending + encoder.finish()
                     record_usage(self.state, chunk, started)
                 if data or chunk.usage is not None:
-                    yield TurnAudio(data, chunk.audio, offset, chunk.usage)
-                offset += chunk.audio.shape[0] / SAMPLE_RATE
+                    yield TurnAudio(data, chunk.audio, chunk.usage)
         finally:
             encoder.close()
 

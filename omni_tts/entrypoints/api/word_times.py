@@ -22,7 +22,7 @@ from omni_tts.orchestrator.text_splitter import TextSplitter
 from omni_tts.models.qwen3_forced_aligner.words import split_words
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.orchestrator.aligner_client import AlignerUnavailable
-from omni_tts.orchestrator.types import SegmentEnd
+from omni_tts.orchestrator.types import SegmentEnd, SpeechChunk
 
 from .state import ServerState
 
@@ -160,6 +160,13 @@ class NarrationWords(_SegmentAligner):
         super().__init__(state, request_id, language)
         self.pending: collections.deque[asyncio.Task] = collections.deque()
         self.done: list[SpanWords] = []
+
+    async def take(self, chunk: SpeechChunk) -> None:
+        """A narration's chunk: a segment's audio is fed, its end (whose audio is the pause after it) aligns it."""
+        if isinstance(chunk.segment, SegmentEnd):
+            await self.end(chunk.segment)
+        elif chunk.audio.size:
+            self.feed(chunk.audio)
 
     async def end(self, segment: SegmentEnd) -> None:
         self.pending.append(self._align(segment.index, segment.text, segment.audio_offset))

@@ -89,12 +89,10 @@ async def respond_timestamped(request: web.Request, state: ServerState, speech: 
         if narrated:
             parts, last = [], first
             async for chunk in with_first(first, stream):
-                if isinstance(chunk.segment, SegmentEnd):  # its audio is the pause after the segment
+                if isinstance(chunk.segment, SegmentEnd):
                     ends.append(chunk.segment)
-                    if words is not None:
-                        await words.end(chunk.segment)
-                elif words is not None and chunk.audio.size:
-                    words.feed(chunk.audio)
+                if words is not None:
+                    await words.take(chunk)
                 parts.append(chunk.audio)
                 last = chunk
         else:
