@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 
+from audio_util import assert_same_audio
 from conftest import FIXTURES
 from server_util import app_in_process, request
 from omni_tts.entrypoints.api.narrated_file import SPOOL_MEMORY_BYTES
@@ -304,7 +305,7 @@ def test_a_websocket_utterance_in_none_mode_is_narrated_as_over_http(server, nar
 def test_a_narrated_file_is_spooled_not_held(server):
     """A narration's whole file is encoded as its audio comes into a spool that goes to a temporary file past
     SPOOL_MEMORY_BYTES: the server holds its window, not its audio (it once held the whole narration as float32,
-    twice). The file is the same as the streamed audio; the spool is gone with the response."""
+    twice). The file is the streamed audio (within one 16-bit step); the spool is gone with the response."""
     text = book(3_000)
     fields = dict(input=text, max_new_tokens=64, response_format="wav")
 
@@ -326,5 +327,6 @@ def test_a_narrated_file_is_spooled_not_held(server):
     assert status == 200 and len(body) > SPOOL_MEMORY_BYTES
     streamed = speak(server, **(fields | {"response_format": "pcm", "stream_format": "audio"}))[2]
     with wave.open(io.BytesIO(body)) as w:
-        np.testing.assert_array_equal(pcm_samples(w.readframes(w.getnframes())), pcm_samples(streamed))
+        # the same samples within one 16-bit step: where the decoder's chunks fall depends on the machine's timing
+        assert_same_audio(w.readframes(w.getnframes()), streamed)
     eventually(lambda: not any(size > SPOOL_MEMORY_BYTES for size in spools()), what="the spool closed")
