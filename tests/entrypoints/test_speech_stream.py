@@ -349,6 +349,13 @@ def in_flight(server: ServerProcess) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("omni_tts_in_flight "))
 
 
+def talker_waiting_for_text(server: ServerProcess) -> float:
+    req = urllib.request.Request(server.url + "/metrics", headers=AUTH)
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("omni_tts_talker_waiting_for_text{"))
+
+
 def test_a_config_with_reference_audio_is_admitted_before_its_audio_is_read():
     """A full server refuses a session.config whose ref_audio it would have to read and decode (429's message),
     as it refuses an HTTP request's; the slot is the config's only while that work runs."""
@@ -358,7 +365,10 @@ def test_a_config_with_reference_audio_is_admitted_before_its_audio_is_read():
             async with aiohttp.ClientSession() as http:
                 holder = await open_session(server, http, **REF)
                 await holder.send({"type": "input.text", "text": "This utterance holds the only slot"})
-                await eventually_async(lambda: in_flight(server) == 1, what="the holder admitted")
+                # its utterance's request in the talker, waiting for more text (in_flight alone would also count
+                # the holder's own config, whose reference audio is read in a slot)
+                await eventually_async(lambda: in_flight(server) == 1 and talker_waiting_for_text(server) == 1,
+                                       what="the holder's utterance admitted")
                 refused = await open_session(server, http, **REF)
                 assert "at capacity" in await refused.closing_error()
                 await holder.ws.close()
