@@ -13,6 +13,11 @@ give the dynamic path's codes) or not (each draw then runs only the paths its ro
 device→host copy per step (through pinned memory, waited for by an event on the talker's stream) is the only
 sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows
 (waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
+
+LoRA rows (max_loras > 0): the adapters sit in static slot buffers (lora_slots.py) and each row holds its adapter
+slot (0 = none) in `adapter_slots`, set at prefill and moved with the row; every forward (prefill, the talker's and
+the code predictor's decode) adds each row's adapter to the layers' linears. Loading an adapter between two steps
+copies into its slot, so the graphs stay valid. With max_loras 0 the step is the plain one, kernel for kernel.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import torch
 
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import KVCache
+from omni_tts.models.qwen3_tts.lora_slots import LoRASlots, StackLoRA
 from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths, warp_and_sample
 from omni_tts.models.qwen3_tts.talker import Talker
 
@@ -54,7 +60,8 @@ def _num_buffer_rows(max_rows: int, static_shapes: bool) -> int:
 
 class TalkerRunner:
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_rows: int, max_model_len: int,
-                 max_trailing: int, static_shapes: bool = False, cuda_graphs: bool = False) -> None:
+                 max_trailing: int, static_shapes: bool = False, cuda_graphs: bool = False, max_loras: int = 0,
+                 max_lora_rank: int = 16) -> None:
         tc = config.talker
         self.talker, self.config = talker, config
         self.device, self.dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
@@ -73,6 +80,8 @@ class TalkerRunner:
         self.steps = torch.zeros(rows, dtype=torch.long, device=dev)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=dev)
         self.row_ids = torch.arange(rows, device=dev)
+        self.lora = LoRASlots(tc, max_loras, max_lora_rank, dev, dt) if max_loras else None
+        self.adapter_slots = torch.zeros(rows, dtype=torch.long, device=dev)   # each row's LoRA slot, 0 = none
         self.tokens = torch.zeros(rows, tc.num_code_groups + 1, dtype=torch.long, device=dev)  # frame + next c0
         # the step's tokens reach the host through pinned memory, waited for by an event on this stream alone (a
         # copy to pageable memory is synchronous, and a device-wide sync would wait for the decoder's stream too);
@@ -101,7 +110,10 @@ class TalkerRunner:
             embeds[i, :request.prompt_len] = request.prefill
         key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
         rows = slice(first_row, first_row + k)
-        hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid)
+        if self.lora is not None:
+            self.adapter_slots[rows] = torch.tensor([r.lora_slot for r in requests], device=self.device)
+        hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid,
+                                             self._lora_rows(rows)[0])
         self.hidden[rows] = hidden
         for i, request in enumerate(requests):
             self.sampler.set_row(first_row + i, request.sampling)
@@ -149,13 +161,14 @@ class TalkerRunner:
         row's text, the next c0 drawn; results land in self.tokens. What a CUDA graph captures, as is.
         talker_paths, codebook_paths: the sampling paths the c0 and the codebook draws run."""
         rows, talker = slice(0, b), self.talker
+        talker_lora, predictor_lora = self._lora_rows(rows)
         keys = self.sampler.noise_keys(rows)   # [B, 16] the step's 16 draws share the rows' token index: one pass
-        frame = self.predict_frame(rows, keys, codebook_paths)                         # [B, 16]
+        frame = self.predict_frame(rows, keys, codebook_paths, predictor_lora)         # [B, 16]
         text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
         x = talker.embed_frame(frame) + self.trailing[self.row_ids[rows], text_index]  # trailing row or tts_pad
         # a padding row (a free row of a bucket) keeps counting: clamp so its throw-away key stays in the cache
         slots = self.lengths[rows].clamp(max=self.max_model_len - 1)
-        hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots)
+        hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots, talker_lora)
         next_c0 = self.sampler.sample_talker(logits, rows, keys[:, 0], talker_paths)
         self.hidden[rows] = hidden
         self.c0[rows] = next_c0
@@ -164,20 +177,27 @@ class TalkerRunner:
         self.tokens[rows, :-1] = frame
         self.tokens[rows, -1] = next_c0
 
-    def predict_frame(self, rows: slice, keys: torch.Tensor, paths: SamplingPaths) -> torch.Tensor:
+    def predict_frame(self, rows: slice, keys: torch.Tensor, paths: SamplingPaths,
+                      lora: StackLoRA | None = None) -> torch.Tensor:
         """[B, 16] the frame of `rows`: their pending c0, then codebooks 1..15, each the code predictor's forward
-        over the codebooks before it and a draw (at stream j of keys [B, 16]) with the rows' code-predictor
-        sampling."""
+        over the codebooks before it (with the rows' adapters `lora`) and a draw (at stream j of keys [B, 16]) with
+        the rows' code-predictor sampling."""
         predictor, warpers = self.talker.code_predictor, self.sampler.codebooks.rows(rows)
         cache = self.cp_cache.rows(rows.start, rows.stop)
         codes = [self.c0[rows]]
         x = predictor.frame_inputs(self.hidden[rows], self.talker.embed_codec(codes[0]))
         for j in range(1, predictor.num_code_groups):
-            logits = predictor.decode_step(x, j, cache, self.cp_positions)
+            logits = predictor.decode_step(x, j, cache, self.cp_positions, lora)
             codes.append(warp_and_sample(logits, warpers, keys[:, j], paths))
             if j + 1 < predictor.num_code_groups:
                 x = predictor.embed_codebook(codes[-1], j)
         return torch.stack(codes, dim=1)
+
+    def _lora_rows(self, rows: slice) -> tuple[StackLoRA | None, StackLoRA | None]:
+        """The talker's and the code predictor's adapters of `rows`; (None, None) without LoRA slots."""
+        if self.lora is None:
+            return None, None
+        return self.lora.forward_rows(self.adapter_slots[rows])
 
     def capture_graphs(self) -> None:
         """One CUDA graph per (rows, slots) bucket and sampling path set, largest first so smaller graphs reuse its
@@ -206,6 +226,7 @@ class TalkerRunner:
         slots) to row dst."""
         for move in moves:
             self.cache.copy_row(move.src, move.dst, move.length)
-            for buffer in (self.hidden, self.c0, self.trailing, self.trailing_len, self.steps, self.lengths):
+            for buffer in (self.hidden, self.c0, self.trailing, self.trailing_len, self.steps, self.lengths,
+                           self.adapter_slots):
                 buffer[move.dst] = buffer[move.src]
             self.sampler.move_row(move.src, move.dst)

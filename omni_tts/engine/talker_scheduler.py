@@ -41,6 +41,8 @@ class TalkerRequest:
     max_tokens: int            # sampled-token limit (N tokens give at most N - 1 frames); while the text is open,
                                # the limit for the text so far, where the row waits rather than ends
     text_done: bool = True     # False: more trailing rows come by append_text, the last with done
+    lora: str | None = None    # the LoRA adapter it runs with (its name), None = the base model
+    lora_slot: int = 0         # that adapter's slot (the engine's; 0 = none)
     num_trailing: int = 0      # trailing rows given so far
     length: int = 0            # cache slots in use
     num_tokens: int = 0        # c0 tokens sampled so far
@@ -167,7 +169,11 @@ class TalkerScheduler:
     def stats(self) -> TalkerSchedulerStats:
         return TalkerSchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
                                     num_parked=len(self.parked), free_rows=self.max_rows - self._num_rows_in_use(),
-                                    request_ids=[r.request_id for r in self.running + self.parked + list(self.waiting)])
+                                    request_ids=[r.request_id for r in self.requests()])
+
+    def requests(self) -> list[TalkerRequest]:
+        """Every request it holds: running, parked, waiting."""
+        return self.running + self.parked + list(self.waiting)
 
     def _num_rows_in_use(self) -> int:
         return len(self.running) + len(self.parked)

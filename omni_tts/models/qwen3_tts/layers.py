@@ -5,11 +5,16 @@ rotate-half RoPE is exact (model doc §4). Attention reads a static KV cache tha
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint_config import DecoderLMConfig
+
+if TYPE_CHECKING:
+    from .lora_slots import LayerLoRA, StackLoRA
 
 
 def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
@@ -61,6 +66,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def project(linear: nn.Linear, x: torch.Tensor, lora: "LayerLoRA | None", name: str) -> torch.Tensor:
+    """x W^T, plus each row's LoRA adapter when the forward has adapter rows (lora_slots.py); without, the plain
+    linear alone (no extra kernel)."""
+    y = linear(x)
+    return y if lora is None else lora.add(name, x, y)
+
+
 class KVCache:
     """Static per-layer key/value buffers: [layers, B, kv_heads, max_len, head_dim].
 
@@ -101,13 +113,15 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor,
+                lora: "LayerLoRA | None" = None) -> torch.Tensor:
         # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, E] bool (True = attend) over slots 0..E-1
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         b, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = project(self.q_proj, x, lora, "self_attn.q_proj").view(b, length, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, lora, "self_attn.k_proj").view(b, length, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, lora, "self_attn.v_proj").view(b, length, self.num_kv_heads, self.head_dim)
+        q, k, v = self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         end = mask.shape[-1]
         if isinstance(slots, int):
@@ -119,7 +133,8 @@ class Attention(nn.Module):
             v_cache[rows, :, slots] = v[:, :, 0]
         out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim))
+        return project(self.o_proj, out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim), lora,
+                       "self_attn.o_proj")
 
 
 class MLP(nn.Module):
@@ -129,8 +144,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, lora: "LayerLoRA | None" = None) -> torch.Tensor:
+        h = F.silu(project(self.gate_proj, x, lora, "mlp.gate_proj")) * project(self.up_proj, x, lora, "mlp.up_proj")
+        return project(self.down_proj, h, lora, "mlp.down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -142,9 +158,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor,
+                lora: "LayerLoRA | None" = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots, mask, lora)
+        return x + self.mlp(self.post_attention_layernorm(x), lora)
 
 
 class DecoderStack(nn.Module):
@@ -157,13 +174,14 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor | None, cache: KVCache, slots: int | torch.Tensor,
-                   mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   lora: "StackLoRA | None" = None) -> torch.Tensor:
         # x: [B, L, hidden]; positions: [B, L] RoPE positions, or rope: their (cos, sin) computed by the caller;
-        # returns the post-norm hidden states [B, L, hidden]
+        # lora: the rows' adapters (None: no LoRA rows); returns the post-norm hidden states [B, L, hidden]
         cos, sin = rope if rope is not None else rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
                                                                 x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask, None if lora is None else lora.layer(i))
         return self.norm(x)
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from .checkpoint_config import MODEL_TYPES as VARIANTS
 from .checkpoint_config import RANDOM_MODEL_PRESETS as PRESETS
 from .checkpoint_config import Qwen3TTSConfig, SpeechTokenizerConfig
+from .lora import target_linears, write_adapter
 from .text_tokenizer import write_text_tokenizer_files
 
 TOP_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671, tts_bos_token_id=151672,
@@ -84,6 +85,7 @@ _ENCODER = {
 
 # weight-scale knobs: std of the logits heads, extra gain on the EOS row, ECAPA output gain, vocoder gains
 CODEC_HEAD_GAIN, EOS_ROW_GAIN, SPK_FC_GAIN = 3.0, 1.6, 0.1
+LORA_GAIN = 0.5   # a random adapter's B A relative to the weight it adds to: changes greedy codes, keeps margins
 DECODER_GAIN, DECODER_OUT_GAIN, MIMI_CODEBOOK_STD = 0.65, 0.7, 0.2
 
 
@@ -248,6 +250,19 @@ def make_random_model(out_dir: str, variant: str = "custom_voice", preset: str =
         speech = SpeechTokenizerWeights(st_config, with_encoder=True)
         randomize_speech_tokenizer(speech, seed + 1)
         _save(speech, os.path.join(st_dir, "model.safetensors"), torch.float32)
+    return out_dir
+
+
+def make_random_adapter(out_dir: str, base_dir: str, seed: int = 0, rank: int = 4) -> str:
+    """A PEFT LoRA adapter (lora.py) for the checkpoint at base_dir, on every target linear of both decoder stacks,
+    in fp32: A N(0, 1/in), B N(0, LORA_GAIN²/r), lora_alpha = r (scale 1), so B A is about LORA_GAIN times the
+    size of the weight it adds to. A function of (seed, module, shapes) only."""
+    config = Qwen3TTSConfig.load(base_dir)
+    weights = {module: (_noise(seed, f"{module}.lora_A", torch.Size((rank, fan_in))) / math.sqrt(fan_in),
+                        LORA_GAIN * _noise(seed, f"{module}.lora_B", torch.Size((fan_out, rank))) / math.sqrt(rank))
+               for module, (fan_in, fan_out) in target_linears(config.talker).items()}
+    with atomic_directory(out_dir) as tmp:
+        write_adapter(tmp, weights, rank, float(rank), os.path.abspath(base_dir))
     return out_dir
 
 

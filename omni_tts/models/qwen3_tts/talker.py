@@ -5,6 +5,7 @@ Module names follow the checkpoint's `talker.*` keys so weights load by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ import torch.nn.functional as F
 
 from .checkpoint_config import TalkerConfig
 from .layers import DecoderStack, KVCache, causal_mask, embedding, rope_cos_sin
+
+if TYPE_CHECKING:
+    from .lora_slots import StackLoRA
 
 
 TEXT_TABLE_BLOCK = 4096  # rows projected per call while the text table is made: bounds its transient memory
@@ -95,14 +99,16 @@ class CodePredictor(nn.Module):
         c0_embed [B, H] = C(c0) → [B, 2, cp hidden]."""
         return self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
 
-    def decode_step(self, x: torch.Tensor, codebook: int, cache: KVCache, positions: FramePositions) -> torch.Tensor:
+    def decode_step(self, x: torch.Tensor, codebook: int, cache: KVCache, positions: FramePositions,
+                    lora: "StackLoRA | None" = None) -> torch.Tensor:
         """Codebook `codebook`'s (1..15) logits [B, V] for every row. x: [B, L, cp hidden] the inputs not yet run,
         at slots codebook+1-L..codebook: `frame_inputs` (L = 2) for codebook 1, then the previous codebook's
-        `embed_codebook` (L = 1). cache: >= num_code_groups slots for B rows, overwritten each frame."""
+        `embed_codebook` (L = 1). cache: >= num_code_groups slots for B rows, overwritten each frame. lora: the
+        rows' adapters (lora_slots.py), None without LoRA rows."""
         end = codebook + 1
         start = end - x.shape[1]
         h = self.model.run_layers(x, None, cache, start, positions.causal[:, :, start:end, :end],
-                                  rope=(positions.cos[:, :, start:end], positions.sin[:, :, start:end]))
+                                  rope=(positions.cos[:, :, start:end], positions.sin[:, :, start:end]), lora=lora)
         return self.lm_head[codebook - 1](h[:, -1])
 
     def embed_codebook(self, ids: torch.Tensor, codebook: int) -> torch.Tensor:
@@ -158,21 +164,24 @@ class Talker(nn.Module):
         """Σ16 of whole frames: C(c0) + Σ_j E_j(c_{j+1}). codes: [..., 16] → [..., H]."""
         return self.embed_codec(codes[..., 0]) + self.code_predictor.embed_rest(codes[..., 1:])
 
-    def prefill(self, inputs_embeds: torch.Tensor, lengths: torch.Tensor, cache: KVCache,
-                key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, inputs_embeds: torch.Tensor, lengths: torch.Tensor, cache: KVCache, key_valid: torch.Tensor,
+                lora: "StackLoRA | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts at positions 0..lengths[b]-1 of their cache rows. inputs_embeds: [B, L, H];
-        key_valid: [B, L]. Returns (post-norm hidden at each row's last prompt position [B, H], logits)."""
+        key_valid: [B, L]; lora: the rows' adapters. Returns (post-norm hidden at each row's last prompt position
+        [B, H], logits)."""
         b, length = key_valid.shape
         positions = torch.arange(length, device=lengths.device).expand(b, length)
-        hidden = self.model.run_layers(inputs_embeds, positions, cache, 0, causal_mask(key_valid, 0, length))
+        hidden = self.model.run_layers(inputs_embeds, positions, cache, 0, causal_mask(key_valid, 0, length),
+                                       lora=lora)
         last = hidden[torch.arange(b, device=lengths.device), lengths - 1]
         return last, self.codec_head(last)
 
-    def decode_step(self, inputs_embeds: torch.Tensor, slots: torch.Tensor, cache: KVCache,
-                    num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_step(self, inputs_embeds: torch.Tensor, slots: torch.Tensor, cache: KVCache, num_slots: int,
+                    lora: "StackLoRA | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row at its own slot (= its RoPE position; rows hold unpadded sequences).
-        inputs_embeds: [B, H]; slots: [B]; attends over slots 0..slots[b] within the first num_slots."""
+        inputs_embeds: [B, H]; slots: [B]; attends over slots 0..slots[b] within the first num_slots; lora: the
+        rows' adapters."""
         key_valid = torch.arange(num_slots, device=slots.device)[None, :] <= slots[:, None]
         hidden = self.model.run_layers(inputs_embeds[:, None], slots[:, None], cache, slots,
-                                       key_valid[:, None, None, :])[:, -1]
+                                       key_valid[:, None, None, :], lora=lora)[:, -1]
         return hidden, self.codec_head(hidden)
