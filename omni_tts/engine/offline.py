@@ -7,10 +7,12 @@
 
 There is one generation loop (each engine's step: schedule → run → postprocess); offline synthesis only feeds it
 every request at once and collects the output. Per request: N sampled tokens give at most N − 1 frames; a row
-ends at its first EOS or at its token limit.
+ends at its first EOS or at its token limit. A request may run with a LoRA adapter (`loras[i]`, read by
+`lora.read_adapter`): rows with different adapters, and none, run in one batch as they do when served.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,7 @@ import torch
 
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.lora import LoRAAdapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest, TalkerPrompt, embed_prompt
 from omni_tts.models.qwen3_tts.sampling_params import ResolvedSampling
@@ -70,12 +73,13 @@ def prepare(tts: Qwen3TTS, request: SynthesisRequest, token_cap_floor: int | Non
 
 
 @torch.no_grad()
-def synthesize(tts: Qwen3TTS, requests: list[SynthesisRequest], token_cap_floor: int | None = TOKEN_CAP_FLOOR
-               ) -> list[SynthesisResult]:
-    """Generate a batch of requests together; each result equals what the request gives alone."""
+def synthesize(tts: Qwen3TTS, requests: list[SynthesisRequest], token_cap_floor: int | None = TOKEN_CAP_FLOOR,
+               loras: Sequence[LoRAAdapter | None] | None = None) -> list[SynthesisResult]:
+    """Generate a batch of requests together; each result equals what the request gives alone. loras[i]: the
+    adapter request i runs with (None: the base model)."""
     prepared = [prepare(tts, r, token_cap_floor) for r in requests]
     generated = generate_codes(tts.talker, tts.config, [p.prefill for p in prepared], [p.trailing for p in prepared],
-                               [p.sampling for p in prepared], [p.max_tokens for p in prepared])
+                               [p.sampling for p in prepared], [p.max_tokens for p in prepared], loras)
     audios = decode_codes(tts.decoder, [g.codes for g in generated], [p.prompt.ref_codes for p in prepared])
     return [SynthesisResult(codes=g.codes.numpy(), audio=audio, finish_reason=g.finish_reason,
                             num_prompt_rows=p.prefill.shape[0], num_text_tokens=len(p.prompt.text_ids))
@@ -83,17 +87,24 @@ def synthesize(tts: Qwen3TTS, requests: list[SynthesisRequest], token_cap_floor:
 
 
 def generate_codes(talker: Talker, config: Qwen3TTSConfig, prefills: list[torch.Tensor],
-                   trailings: list[torch.Tensor], params: list[ResolvedSampling],
-                   limits: list[int]) -> list[GeneratedCodes]:
-    """prefills[i]: [L_i, H]; trailings[i]: [T_i, H]; limits[i]: max sampled tokens. All rows run as one batch."""
+                   trailings: list[torch.Tensor], params: list[ResolvedSampling], limits: list[int],
+                   loras: Sequence[LoRAAdapter | None] | None = None) -> list[GeneratedCodes]:
+    """prefills[i]: [L_i, H]; trailings[i]: [T_i, H]; limits[i]: max sampled tokens; loras[i]: row i's adapter.
+    All rows run as one batch."""
     longest = max(p.shape[0] + limit for p, limit in zip(prefills, limits))
+    loras = list(loras or [None] * len(prefills))
+    adapters = {id(a): a for a in loras if a is not None}   # each distinct adapter in one slot
     engine = TalkerEngine(talker, config, max_batch_size=len(prefills), max_model_len=max(16, longest + 1),
                           max_prefill_tokens_per_step=sum(p.shape[0] for p in prefills),
-                          max_text_tokens=max(t.shape[0] for t in trailings))
+                          max_text_tokens=max(t.shape[0] for t in trailings), max_loras=len(adapters),
+                          max_lora_rank=max((a.rank for a in adapters.values()), default=1))
+    for key, adapter in adapters.items():
+        engine.load_lora(str(key), adapter)
     frames: dict[str, list[np.ndarray]] = {}
     reasons: dict[str, str] = {}
-    for i, (prefill, trailing, sampling, limit) in enumerate(zip(prefills, trailings, params, limits)):
-        engine.add_request(TalkerRequest(str(i), prefill, trailing, sampling, limit))
+    for i, (prefill, trailing, sampling, limit, lora) in enumerate(zip(prefills, trailings, params, limits, loras)):
+        engine.add_request(TalkerRequest(str(i), prefill, trailing, sampling, limit,
+                                         lora=None if lora is None else str(id(lora))))
         frames[str(i)] = []
     while engine.has_work():
         for out in engine.step():

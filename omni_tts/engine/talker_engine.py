@@ -47,10 +47,14 @@ class TalkerEngine:
         """Queue a request; it is admitted when a row is free. ValueError if it can never fit; RequestError('model')
         if it names an adapter that is not loaded."""
         if request.lora is not None:
-            if request.lora not in self.loras:
-                raise RequestError("model", f"no LoRA adapter named {request.lora!r} is loaded")
+            self.check_lora(request.lora)
             request.lora_slot = self.loras[request.lora]
         self.scheduler.add(request)
+
+    def check_lora(self, name: str) -> None:
+        """RequestError('model') unless an adapter of this name is loaded."""
+        if name not in self.loras:
+            raise RequestError("model", f"no LoRA adapter named {name!r} is loaded")
 
     def load_lora(self, name: str, adapter: LoRAAdapter) -> None:
         """Load a checked adapter (lora.read_adapter) into a free slot, between two steps: running rows keep theirs.

@@ -28,6 +28,7 @@ class AddRequest(msgspec.Struct, tag=True):
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
                                      # the limit for the text so far
     return_codes: bool = False       # its TalkerDone carries the generated codes
+    lora: str | None = None          # the LoRA adapter (a loaded one's name) it runs with; None = the base model
 
 
 class AppendText(msgspec.Struct, tag=True):
@@ -44,6 +45,17 @@ class EmbedVoice(msgspec.Struct, tag=True):
     request_id: str
     ref_audio: bytes                 # float32 mono samples at 24 kHz
     voice_version: str | None = None  # an uploaded voice's version: the features cache shares it with requests
+
+
+class LoadLoRA(msgspec.Struct, tag=True):
+    """Stage 0: read a PEFT adapter directory (beside the loop) and load it under `name`; answered by LoRALoaded."""
+    name: str
+    path: str
+
+
+class UnloadLoRA(msgspec.Struct, tag=True):
+    """Stage 0: free a loaded adapter; refused while requests hold it. Answered by LoRAUnloaded."""
+    name: str
 
 
 class Register(msgspec.Struct, tag=True):
@@ -63,7 +75,8 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-StageCommand = AddRequest | AppendText | EmbedVoice | Register | Abort | GetStats | Shutdown
+StageCommand = (AddRequest | AppendText | EmbedVoice | LoadLoRA | UnloadLoRA | Register | Abort | GetStats
+                | Shutdown)
 
 
 class AlignSpan(msgspec.Struct, tag=True):
@@ -129,6 +142,19 @@ class VoiceEmbedding(msgspec.Struct, tag=True):
     """Stage 0's answer to an EmbedVoice: the x-vector as float32 bytes, or why the clip gave none."""
     request_id: str
     embedding: bytes = b""
+    failure: RequestFailure | None = None
+
+
+class LoRALoaded(msgspec.Struct, tag=True):
+    """Stage 0's answer to a LoadLoRA: loaded (requests may name it from now on), or why not (bad input: the
+    adapter's files, param `lora_path`; the name or the slots, `lora_name`)."""
+    name: str
+    failure: RequestFailure | None = None
+
+
+class LoRAUnloaded(msgspec.Struct, tag=True):
+    """Stage 0's answer to an UnloadLoRA: its slot is free, or why not (unknown, or held by requests)."""
+    name: str
     failure: RequestFailure | None = None
 
 
@@ -206,7 +232,8 @@ class SpanAligned(msgspec.Struct, tag=True):
     error: str | None = None
 
 
-StageEvent = Ready | TalkerDone | VoiceEmbedding | AudioEvent | StageStats | StageFailed | Heartbeat
+StageEvent = (Ready | TalkerDone | VoiceEmbedding | LoRALoaded | LoRAUnloaded | AudioEvent | StageStats | StageFailed
+              | Heartbeat)
 AlignerEvent = Ready | SpanAligned | StageFailed | Heartbeat
 
 
@@ -237,6 +264,7 @@ class StageLaunch(msgspec.Struct):
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
     aligner: AlignerLaunch | None = None   # code2wav: the forced aligner to run on a thread of its process
+    loras: dict[str, str] = {}       # talker: LoRA adapters loaded at start-up, name → PEFT directory
 
     @property
     def config(self) -> TalkerStageConfig | Code2WavStageConfig:

@@ -3,6 +3,8 @@
 Base voice features are computed beside the loop (voice_features.py); the loop alone touches the engine. A request
 whose text is still arriving (AddRequest.text_open) enters the engine once its prefill's text is here (the first
 text token; for ICL as many as the reference has frames), and the AppendText that follow extend its trailing text.
+LoRA adapters: the launch's are read and loaded before Ready (a bad one fails the start, naming its file); a
+LoadLoRA is read beside the loop (lora_reads.py) and loaded between two steps.
 """
 from __future__ import annotations
 
@@ -19,12 +21,15 @@ from omni_tts.connectors.kinds import chunk_writer
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.engine.talker_input import give_voice
+from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import PromptLimits, check_speaker_embedding, embed_prompt, embed_text
 
 from .common import StageIO, run_stage
-from .messages import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice, GetStats,
-                       Ready, RequestFailure, Shutdown, StageLaunch, StageStats, TalkerDone, VoiceEmbedding)
+from .lora_reads import LoRARead, LoRAReader
+from .messages import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, DurationHistogram, EmbedVoice,
+                       FailureKind, GetStats, LoadLoRA, LoRALoaded, LoRAUnloaded, Ready, RequestFailure, Shutdown,
+                       StageLaunch, StageStats, TalkerDone, UnloadLoRA, VoiceEmbedding)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
 
 
@@ -56,7 +61,10 @@ class TalkerStage:
         self.tts = Qwen3TTS(launch.model_dir, device=cfg.device, dtype=getattr(torch, cfg.dtype), with_decoder=False)
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, cfg.max_model_len,
                                    cfg.max_prefill_tokens_per_step, cfg.max_text_tokens,
-                                   cuda_graphs=not cfg.enforce_eager)
+                                   cuda_graphs=not cfg.enforce_eager, max_loras=cfg.max_loras,
+                                   max_lora_rank=cfg.max_lora_rank)
+        for name, path in launch.loras.items():
+            self.engine.load_lora(name, read_adapter(path, self.tts.config.talker, cfg.max_lora_rank))
         self.limits = PromptLimits(cfg.max_text_tokens, cfg.max_model_len)
         self.condition = threading.Condition()
         self.io = StageIO(launch, self.condition)
@@ -65,6 +73,7 @@ class TalkerStage:
         self.io.clock.writer = self.writer   # its stalls go out with the heartbeats
         self.voice_cache = VoiceFeatureCache()
         self.voice_features = VoiceFeatureWorker(self.tts, self.condition, self.voice_cache)
+        self.lora_reads = LoRAReader(self.tts.config.talker, cfg.max_lora_rank, self.condition)
         self.requests: dict[str, TalkerStageRequest] = {}
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
 
@@ -72,14 +81,18 @@ class TalkerStage:
         self.writer.start()
         self.io.send(Ready("talker", os.getpid()))
         while True:
-            self.io.wait(lambda: self.voice_features.has_finished() or self.engine.has_work())
+            self.io.wait(lambda: self.voice_features.has_finished() or self.lora_reads.has_finished()
+                         or self.engine.has_work())
             for message in self.io.take_commands():
                 if isinstance(message, Shutdown):
                     self.voice_features.close()
+                    self.lora_reads.close()
                     self.writer.close()
                     self.io.close()
                     return
                 self._handle(message)
+            for read in self.lora_reads.take_finished():
+                self._load_lora(read)
             for job in self.voice_features.take_finished():
                 if isinstance(job.request, EmbedVoice):
                     self._answer_embedding(job.request.request_id, job.features, job.failure)
@@ -115,6 +128,14 @@ class TalkerStage:
                 self.voice_features.submit(FeatureJob(message))
             else:
                 self._answer_embedding(message.request_id, cached, None)
+        elif isinstance(message, LoadLoRA):
+            self.lora_reads.submit(message)
+        elif isinstance(message, UnloadLoRA):
+            try:
+                self.engine.unload_lora(message.name)
+                self.io.send(LoRAUnloaded(message.name))
+            except ValueError as e:
+                self.io.send(LoRAUnloaded(message.name, RequestFailure(FailureKind.BAD_INPUT, str(e), "lora_name")))
         elif isinstance(message, Abort):
             self.voice_features.cancel(message.request_id)
             self.engine.abort(message.request_id)
@@ -128,10 +149,26 @@ class TalkerStage:
                 rows_waiting_for_text=stats.num_parked, connector_waiting=connector.pending,
                 connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls))
 
+    def _load_lora(self, read: LoRARead) -> None:
+        """A read adapter into a free slot, between two steps (running rows keep theirs); answered by LoRALoaded."""
+        failure = read.failure
+        if read.adapter is not None:
+            try:
+                self.engine.load_lora(read.command.name, read.adapter)
+            except ValueError as e:
+                failure = RequestFailure(FailureKind.BAD_INPUT, str(e), "lora_name")
+        self.io.send(LoRALoaded(read.command.name, failure))
+
     def _on_add_request(self, m: AddRequest) -> None:
         """Base requests need voice features: from the cache, else from the worker (admitted when they are ready)."""
         request = self.requests[m.request_id] = TalkerStageRequest(m, m.max_tokens, text_done=not m.text_open,
                                                                    frames=[] if m.return_codes else None)
+        if m.lora is not None:
+            try:  # before any voice-feature work; checked again at admission (it may be unloaded meanwhile)
+                self.engine.check_lora(m.lora)
+            except ValueError as e:
+                self._fail(request, RequestFailure.of(e))
+                return
         ref_codes = (None if m.ref_codes is None else  # given ICL reference codes: a clip gives the x-vector alone
                      np.frombuffer(m.ref_codes, dtype=np.int32).reshape(-1, self.tts.config.talker.num_code_groups))
         embedding = None
@@ -205,7 +242,7 @@ class TalkerStage:
             self.limits.check_fits(prompt, prompt.ref_codes.shape[0], "ref_audio")
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, request.text_done)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, request.max_tokens,
-                                              request.text_done))
+                                              request.text_done, lora=m.lora))
         chunks = self.launch.pipeline.connector   # the request's first chunk was checked to fit a slot
         request.chunker = FrameChunker(m.initial_codec_chunk_frames or chunks.initial_codec_chunk_frames,
                                        chunks.codec_chunk_frames)

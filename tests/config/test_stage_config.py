@@ -118,6 +118,9 @@ BAD = [
     ("max_prefill_tokens_per_step: 0", "", "",
      "stages.talker.max_prefill_tokens_per_step: must be an integer >= 1, got 0"),
     ("max_text_tokens: -1", "", "", "stages.talker.max_text_tokens: must be an integer >= 1, got -1"),
+    ("max_loras: -1", "", "", "stages.talker.max_loras: must be an integer in 0..64, got -1"),
+    ("max_loras: 65", "", "", "stages.talker.max_loras: must be an integer in 0..64, got 65"),
+    ("max_lora_rank: 0", "", "", "stages.talker.max_lora_rank: must be an integer in 1..256, got 0"),
     ("max_model_len: 1024, kv_cache_tokens: 1000", "", "",
      "stages.talker.kv_cache_tokens: must be >= max_model_len (1024) so at least one KV cache row fits, got 1000"),
     ("", "max_batch_size: 0", "", "stages.code2wav.max_batch_size: must be an integer >= 1, got 0"),
@@ -171,7 +174,7 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
 @pytest.mark.parametrize("text,message", [
     (minimal("colour: red"), "stages.talker.colour: unknown key; allowed keys: device, dtype, max_batch_size, "
                              "max_model_len, kv_cache_tokens, max_prefill_tokens_per_step, max_text_tokens, threads, "
-                             "enforce_eager"),
+                             "enforce_eager, max_loras, max_lora_rank"),
     (MINIMAL + "  vocoder: {device: cpu}\n", "stages.vocoder: unknown key; allowed keys: talker, code2wav"),
     (MINIMAL + "connector: {chunk_frames: 4}\n",
      "connector.chunk_frames: unknown key; allowed keys: initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "

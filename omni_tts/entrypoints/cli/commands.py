@@ -18,6 +18,7 @@ from omni_tts.log import LOG_LEVELS, configure_logging
 from omni_tts.models.qwen3_tts.checkpoint_config import MODEL_TYPES, RANDOM_MODEL_PRESETS, ConfigError, WeightsError
 
 FORCED_ALIGNER = "forced_aligner"
+LORA = "lora"
 MODEL_HELP = ("checkpoint directory or Hugging Face repo id, e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (default: the "
               "embedded tiny model, whose weights are random: it speaks noise)")
 
@@ -117,9 +118,11 @@ def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny-model", help="write a deterministic random-weight checkpoint (HF layout)",
                        formatter_class=_HelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--variant", required=True, choices=MODEL_TYPES + (FORCED_ALIGNER,),
+    p.add_argument("--variant", required=True, choices=MODEL_TYPES + (FORCED_ALIGNER, LORA),
                    help=f"the checkpoint's tts_model_type, or {FORCED_ALIGNER} (a Qwen3-ForcedAligner: presets tiny, "
-                        "0.6b)")
+                        f"0.6b), or {LORA} (a PEFT LoRA adapter of the talker for the checkpoint --base)")
+    p.add_argument("--base", metavar="DIR", help=f"{LORA}: the checkpoint the adapter is for")
+    p.add_argument("--rank", type=int, default=4, help=f"{LORA}: the adapter's rank")
     p.add_argument("--preset", default="tiny", choices=RANDOM_MODEL_PRESETS, help="model size")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -284,6 +287,14 @@ def _narrate(args: argparse.Namespace) -> int:
 def _make_tiny_model(args: argparse.Namespace) -> int:
     import torch
 
+    if args.variant == LORA:
+        from omni_tts.models.qwen3_tts.random_model import make_random_adapter
+
+        if args.base is None or args.rank < 1:
+            raise ValueError(f"--variant {LORA} needs --base DIR and a --rank >= 1")
+        make_random_adapter(args.out_dir, args.base, args.seed, args.rank)
+        print(f"wrote a rank-{args.rank} LoRA adapter for {args.base} to {args.out_dir}", file=sys.stderr)
+        return 0
     if args.variant == FORCED_ALIGNER:
         from omni_tts.models.qwen3_forced_aligner.random_model import make_random_aligner
 
