@@ -66,13 +66,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def project(linear: nn.Linear, x: torch.Tensor, lora: "LayerLoRA | None", name: str) -> torch.Tensor:
-    """x W^T, plus each row's LoRA adapter when the forward has adapter rows (lora_slots.py); without, the plain
-    linear alone (no extra kernel)."""
-    y = linear(x)
-    return y if lora is None else lora.add(name, x, y)
-
-
 class KVCache:
     """Static per-layer key/value buffers: [layers, B, kv_heads, max_len, head_dim].
 
@@ -117,11 +110,14 @@ class Attention(nn.Module):
                 lora: "LayerLoRA | None" = None) -> torch.Tensor:
         # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, E] bool (True = attend) over slots 0..E-1
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
+        # lora: each row's adapter added to the linears (lora_slots.py); None: the plain linears, no extra kernel
         b, length, _ = x.shape
-        q = project(self.q_proj, x, lora, "self_attn.q_proj").view(b, length, self.num_heads, self.head_dim)
-        k = project(self.k_proj, x, lora, "self_attn.k_proj").view(b, length, self.num_kv_heads, self.head_dim)
-        v = project(self.v_proj, x, lora, "self_attn.v_proj").view(b, length, self.num_kv_heads, self.head_dim)
-        q, k, v = self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if lora is not None:
+            q, k, v = lora.add("self_attn.qkv", x, (q, k, v))
+        q = self.q_norm(q.view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         end = mask.shape[-1]
         if isinstance(slots, int):
@@ -133,8 +129,8 @@ class Attention(nn.Module):
             v_cache[rows, :, slots] = v[:, :, 0]
         out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
-        return project(self.o_proj, out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim), lora,
-                       "self_attn.o_proj")
+        out = out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
+        return self.o_proj(out) if lora is None else lora.add("self_attn.o", out, (self.o_proj(out),))[0]
 
 
 class MLP(nn.Module):
@@ -145,8 +141,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, lora: "LayerLoRA | None" = None) -> torch.Tensor:
-        h = F.silu(project(self.gate_proj, x, lora, "mlp.gate_proj")) * project(self.up_proj, x, lora, "mlp.up_proj")
-        return project(self.down_proj, h, lora, "mlp.down_proj")
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if lora is None:
+            return self.down_proj(F.silu(gate) * up)
+        gate, up = lora.add("mlp.gate_up", x, (gate, up))
+        h = F.silu(gate) * up
+        return lora.add("mlp.down", h, (self.down_proj(h),))[0]
 
 
 class DecoderLayer(nn.Module):
