@@ -12,6 +12,9 @@
 3. decoder: one pass == streamed; the static-shape runner (graph-captured on CUDA) against the dynamic one, first
    and steady chunks at 1-64 rows and 1/4/7/25 frames: max |difference| within the dtype's tolerance; and the time
    of one decoder call (slots in, audio on the host) per (rows, frames), graphed and eager.
+   LoRA rows: two random adapters loaded after the graphs were captured (copied into their slots, no recapture),
+   rows on each and on none in one batch: the graphed step's greedy codes == the static eager step's (on the CPU:
+   the static step's == the dynamic step's).
 4. layouts: the tiny fixture served on the device (fp32) by both stage processes (connector shm) and by the fused
    layout (one process, connector local): the same greedy audio (the golden's difference reported beside it).
 Writes checks.json (every figure) and prints one line per check; exits 1 when a check fails.
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +43,8 @@ from omni_tts.models.qwen3_tts.prompt import SynthesisRequest  # noqa: E402
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams  # noqa: E402
 from omni_tts.engine.offline import prepare  # noqa: E402
 from omni_tts.engine.code2wav_runner import Code2WavRunner  # noqa: E402
+from omni_tts.models.qwen3_tts.lora import read_adapter  # noqa: E402
+from omni_tts.models.qwen3_tts.random_model import make_random_adapter  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 results: dict = {"checks": [], "timings": {}}
@@ -103,7 +109,8 @@ def run_talker(engine: TalkerEngine, requests: list[TalkerRequest], stagger: int
     while step < stagger * len(requests) or engine.has_work():
         for i, r in enumerate(requests):
             if i * stagger == step:
-                engine.add_request(TalkerRequest(r.request_id, r.prefill, r.trailing, r.sampling, r.max_tokens))
+                engine.add_request(TalkerRequest(r.request_id, r.prefill, r.trailing, r.sampling, r.max_tokens,
+                                                 lora=r.lora))
         for out in engine.step():
             if out.frame is not None:
                 frames[out.request_id].append(out.frame)
@@ -172,6 +179,30 @@ def check_talker(tts: Qwen3TTS, label: str, device: torch.device, num_requests: 
         "prompt_rows": [r.prompt_len for r in requests], "by_requests": prefill_ms}
     print(f"[gpu_checks] talker {label} eager prefill ms by requests: {json.dumps(prefill_ms)}", flush=True)
     profile(lambda: eager.runner.prefill(requests[:1], 0), f"talker {label} eager prefill, 1 request", device)
+
+
+def check_talker_lora(tts: Qwen3TTS, label: str, device: torch.device, num_requests: int,
+                      max_new_tokens: int) -> None:
+    graphs = device.type == "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = {name: read_adapter(make_random_adapter(f"{tmp}/{name}", tts.model_dir, seed=seed),
+                                       tts.config.talker, 16) for seed, name in ((1, "one"), (2, "two"))}
+    requests = talker_requests(tts, num_requests, max_new_tokens)
+    for i, request in enumerate(requests):
+        request.lora = (None, "one", "two")[i % 3]
+    longest = max(r.prompt_len + r.max_tokens for r in requests) + 1
+    kwargs = dict(max_batch_size=num_requests, max_model_len=max(256, longest), max_prefill_tokens_per_step=4096,
+                  max_text_tokens=512, max_loras=2)
+    graphed = TalkerEngine(tts.talker, tts.config, static_shapes=True, cuda_graphs=graphs, **kwargs)   # empty slots
+    eager = TalkerEngine(tts.talker, tts.config, static_shapes=graphs, **kwargs)   # on the CPU: the dynamic step
+    for engine in (graphed, eager):
+        for name, adapter in adapters.items():
+            engine.load_lora(name, adapter)
+    a, b = run_talker(graphed, requests, stagger=2), run_talker(eager, requests, stagger=2)
+    check(f"talker {label} LoRA rows: " + ("graphed, adapters loaded after capture == static eager" if graphs else
+                                          "static == dynamic") + " (greedy codes)",
+          all(np.array_equal(a[k], b[k]) for k in a),
+          frames=int(sum(len(v) for v in a.values())))
 
 
 def profile(run, label: str, device: torch.device) -> None:
@@ -303,6 +334,7 @@ def main() -> int:
     results["timings"]["goldens_seconds"] = round(time.perf_counter() - started, 1)
     tiny = Qwen3TTS.from_pretrained(str(FIXTURES / "tiny-custom-voice"), device=device, dtype=DTYPES[args.dtype])
     check_talker(tiny, "tiny", device, args.requests, args.max_new_tokens, args.repeats)
+    check_talker_lora(tiny, "tiny", device, args.requests, args.max_new_tokens)
     check_decoder(tiny, "tiny", device, args.repeats)
     if args.model:
         started = time.perf_counter()
@@ -310,6 +342,7 @@ def main() -> int:
         results["timings"]["load_seconds"] = round(time.perf_counter() - started, 1)
         label = os.path.basename(args.model.rstrip("/"))
         check_talker(big, label, device, args.requests, args.max_new_tokens, args.repeats)
+        check_talker_lora(big, label, device, args.requests, args.max_new_tokens)
         check_decoder(big, label, device, args.repeats)
     check_layouts(device)
     Path(args.out).mkdir(parents=True, exist_ok=True)

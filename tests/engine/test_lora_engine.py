@@ -140,11 +140,19 @@ def test_loading_an_adapter_between_steps_leaves_running_rows_as_they_were(model
     np.testing.assert_array_equal(result[2], codes(synthesize(merged[1], [requests[2]]))[0])
 
 
+def slot_addresses(engine: TalkerEngine) -> list[int]:
+    """Where every tensor the LoRA rows' forward reads lives."""
+    lora = engine.runner.lora
+    tensors = [t for layers in lora.stack_layers for groups in layers for a, bs in groups.values() for t in (a, *bs)]
+    return [t.data_ptr() for t in tensors + list(lora.masks.values()) + [engine.runner.adapter_slots]]
+
+
 def test_adapter_names_slots_and_unloading(models):
     """Unknown adapters fail the request on `model`; names and slots are checked; an adapter that requests hold is
-    not unloaded, and its slot serves another adapter once it is."""
+    not unloaded, and its slot serves another adapter once it is; loading and unloading move no buffer."""
     tts, adapters, _ = models
     engine = TalkerEngine(tts.talker, tts.config, 2, 300, 512, 64, max_loras=1, max_lora_rank=4)
+    addresses = slot_addresses(engine)
     p = prepare(tts, greedy(2, 5))
     with pytest.raises(RequestError) as info:
         engine.add_request(TalkerRequest("x", p.prefill, p.trailing, p.sampling, p.max_tokens, lora="nope"))
@@ -167,6 +175,7 @@ def test_adapter_names_slots_and_unloading(models):
         engine.unload_lora("one")
     engine.load_lora("two", adapters[1])
     assert engine.loras == {"two": 1}
+    assert slot_addresses(engine) == addresses   # loads copy into the buffers a captured graph reads
     small = TalkerEngine(tts.talker, tts.config, 2, 300, 512, 64, max_loras=1, max_lora_rank=2)
     with pytest.raises(ValueError, match="rank 4 exceeds max_lora_rank 2"):
         small.load_lora("one", adapters[0])
