@@ -17,7 +17,10 @@ sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at le
 LoRA rows (max_loras > 0): the adapters sit in static slot buffers (lora_slots.py) and each row holds its adapter
 slot (0 = none) in `adapter_slots`, set at prefill and moved with the row; every forward (prefill, the talker's and
 the code predictor's decode) adds each row's adapter to the layers' linears. Loading an adapter between two steps
-copies into its slot, so the graphs stay valid. With max_loras 0 the step is the plain one, kernel for kernel.
+copies into its slot, so the graphs stay valid. With max_loras 0 the step is the plain one, kernel for kernel; so
+are a prefill and an eager step (the CPU's) none of whose rows has an adapter (the slots are mirrored on the host),
+while a static step, what a graph replays, always runs the LoRA path (a row without an adapter gets the same
+values from it).
 """
 from __future__ import annotations
 
@@ -82,6 +85,7 @@ class TalkerRunner:
         self.row_ids = torch.arange(rows, device=dev)
         self.lora = LoRASlots(tc, max_loras, max_lora_rank, dev, dt) if max_loras else None
         self.adapter_slots = torch.zeros(rows, dtype=torch.long, device=dev)   # each row's LoRA slot, 0 = none
+        self.host_adapter_slots = np.zeros(rows, dtype=np.int64)               # the same, read without a sync
         self.tokens = torch.zeros(rows, tc.num_code_groups + 1, dtype=torch.long, device=dev)  # frame + next c0
         # the step's tokens reach the host through pinned memory, waited for by an event on this stream alone (a
         # copy to pageable memory is synchronous, and a device-wide sync would wait for the decoder's stream too);
@@ -111,9 +115,10 @@ class TalkerRunner:
         key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
         rows = slice(first_row, first_row + k)
         if self.lora is not None:
-            self.adapter_slots[rows] = torch.tensor([r.lora_slot for r in requests], device=self.device)
+            self.host_adapter_slots[rows] = [r.lora_slot for r in requests]
+            self.adapter_slots[rows] = torch.from_numpy(self.host_adapter_slots[rows]).to(self.device)
         hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid,
-                                             self._lora_rows(rows)[0])
+                                             self._lora_rows(rows, captured=False)[0])
         self.hidden[rows] = hidden
         for i, request in enumerate(requests):
             self.sampler.set_row(first_row + i, request.sampling)
@@ -161,7 +166,7 @@ class TalkerRunner:
         row's text, the next c0 drawn; results land in self.tokens. What a CUDA graph captures, as is.
         talker_paths, codebook_paths: the sampling paths the c0 and the codebook draws run."""
         rows, talker = slice(0, b), self.talker
-        talker_lora, predictor_lora = self._lora_rows(rows)
+        talker_lora, predictor_lora = self._lora_rows(rows, captured=self.static_shapes)
         keys = self.sampler.noise_keys(rows)   # [B, 16] the step's 16 draws share the rows' token index: one pass
         frame = self.predict_frame(rows, keys, codebook_paths, predictor_lora)         # [B, 16]
         text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
@@ -193,9 +198,10 @@ class TalkerRunner:
                 x = predictor.embed_codebook(codes[-1], j)
         return torch.stack(codes, dim=1)
 
-    def _lora_rows(self, rows: slice) -> tuple[StackLoRA | None, StackLoRA | None]:
-        """The talker's and the code predictor's adapters of `rows`; (None, None) without LoRA slots."""
-        if self.lora is None:
+    def _lora_rows(self, rows: slice, captured: bool) -> tuple[StackLoRA | None, StackLoRA | None]:
+        """The talker's and the code predictor's adapters of `rows`; (None, None) without LoRA slots, or when none
+        of the rows has an adapter and the forward is not one a graph replays (captured: a static step)."""
+        if self.lora is None or (not captured and not self.host_adapter_slots[rows].any()):
             return None, None
         return self.lora.forward_rows(self.adapter_slots[rows])
 
@@ -230,3 +236,4 @@ class TalkerRunner:
                            self.adapter_slots):
                 buffer[move.dst] = buffer[move.src]
             self.sampler.move_row(move.src, move.dst)
+            self.host_adapter_slots[move.dst] = self.host_adapter_slots[move.src]

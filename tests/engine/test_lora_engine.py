@@ -3,20 +3,27 @@ model with that adapter merged into its weights; a batch mixing two adapters and
 loading an adapter between two steps leaves running rows' codes as they were; the static-shape step (what CUDA
 graphs replay) gives the dynamic step's codes."""
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from conftest import FIXTURES
 from omni_tts.engine.offline import prepare, synthesize
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
+from omni_tts.engine.talker_runner import TalkerRunner
 from omni_tts.models.qwen3_tts.lora import merge_into, read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import make_random_adapter
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
 from omni_tts.models.qwen3_tts.weights import read_tensors, safetensors_files
+
+sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
+from bench_step_ops import OpCounter  # noqa: E402
 
 BASE = FIXTURES / "tiny-custom-voice"
 TEXTS = ["Hello there, how are you today?", "A second sentence, somewhat longer than the first one.",
@@ -112,6 +119,19 @@ def test_static_shape_step_with_adapters_equals_the_dynamic_step(models):
         np.testing.assert_array_equal(dynamic[i], codes(synthesize(model, [requests[i]]))[0])
 
 
+def test_a_row_moved_into_a_hole_keeps_its_adapter(models):
+    """A row on an adapter moves into the hole of a finished row without one and runs on alone: it keeps its
+    adapter (the slot moves with the row, on the device and in the host's mirror the eager step reads)."""
+    tts, adapters, merged = models
+    requests = [greedy(2, 6), greedy(1, 30)]
+    for static in (False, True):
+        engine = TalkerEngine(tts.talker, tts.config, 2, 300, 512, 64, static_shapes=static, max_loras=1)
+        engine.load_lora("a", adapters[0])
+        result = run_engine(tts, engine, requests, [None, "a"], stagger=0)
+        assert len(result[0]) < len(result[1])
+        np.testing.assert_array_equal(result[1], codes(synthesize(merged[0], [requests[1]]))[0])
+
+
 def test_loading_an_adapter_between_steps_leaves_running_rows_as_they_were(models):
     """Rows on adapter 1 and on none run; adapter 2 is loaded (and a request on it joins) mid-run: the running
     rows' codes are those of the run without the load, the new row's those of its merged model."""
@@ -183,3 +203,23 @@ def test_adapter_names_slots_and_unloading(models):
     assert plain.runner.lora is None
     with pytest.raises(ValueError, match="max_loras: 0"):
         plain.load_lora("one", adapters[0])
+
+
+def test_an_eager_step_without_adapter_rows_is_the_plain_step(models):
+    """The CPU's eager step runs the LoRA path only when one of its rows has an adapter: a server configured for
+    adapters pays nothing while its rows run on the base model."""
+    tts, adapters, _ = models
+    p = prepare(tts, greedy(0))
+
+    def step_ops(max_loras: int, lora_slot: int) -> int:
+        runner = TalkerRunner(tts.talker, tts.config, 2, 300, 64, max_loras=max_loras)
+        if max_loras:
+            runner.lora.load(1, adapters[0])
+        runner.prefill([TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, p.max_tokens, lora_slot=lora_slot)
+                        for i in range(2)], 0)
+        runner.decode(2, 200)
+        with torch.inference_mode(), OpCounter() as counter:
+            runner.decode(2, 200)
+        return counter.totals()[1]
+
+    assert step_ops(1, 0) == step_ops(0, 0) < step_ops(1, 1)
