@@ -23,7 +23,8 @@ from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.engine.talker_input import give_voice
 from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
-from omni_tts.models.qwen3_tts.prompt import PromptLimits, check_speaker_embedding, embed_prompt, embed_text
+from omni_tts.models.qwen3_tts.prompt import (PromptLimits, RequestError, check_speaker_embedding, embed_prompt,
+                                              embed_text)
 
 from .common import StageIO, run_stage
 from .lora_reads import LoRARead, LoRAReader
@@ -166,7 +167,7 @@ class TalkerStage:
         if m.lora is not None:
             try:  # before any voice-feature work; checked again at admission (it may be unloaded meanwhile)
                 self.engine.check_lora(m.lora)
-            except ValueError as e:
+            except RequestError as e:
                 self._fail(request, RequestFailure.of(e))
                 return
         ref_codes = (None if m.ref_codes is None else  # given ICL reference codes: a clip gives the x-vector alone

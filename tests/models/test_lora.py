@@ -91,6 +91,7 @@ BAD = [
     ("rank over the maximum", _config_with(r=32, lora_alpha=32), CONFIG_FILE,
      "rank 32 exceeds the configured max_lora_rank 16"),
     ("DoRA", _config_with(use_dora=True), CONFIG_FILE, "use_dora True is not supported"),
+    ("lora_bias", _config_with(lora_bias=True), CONFIG_FILE, "lora_bias True is not supported"),
     ("bias", _config_with(bias="lora_only"), CONFIG_FILE, "bias 'lora_only' is not supported"),
     ("modules_to_save", _config_with(modules_to_save=["codec_head"]), CONFIG_FILE,
      "modules_to_save ['codec_head'] is not supported"),
@@ -117,6 +118,8 @@ BAD = [
      "talker.model.layers.0.self_attn.q_proj: lora_A missing"),
     ("non-finite", _tensors_with(lambda t: t[Q_A].__setitem__((0, 0), math.nan)), WEIGHTS_FILE,
      "talker.model.layers.0.self_attn.q_proj.lora_A.weight holds non-finite values"),
+    ("integer values", _tensors_with(lambda t: t.update({Q_A: torch.zeros(4, 64, dtype=torch.int32)})),
+     WEIGHTS_FILE, "talker.model.layers.0.self_attn.q_proj.lora_A.weight has dtype torch.int32, not a float type"),
     ("empty", _tensors_with(lambda t: t.clear() or t.update({"other": torch.zeros(1)})), WEIGHTS_FILE,
      "tensor other: not a LoRA weight"),
 ]

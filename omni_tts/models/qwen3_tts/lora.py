@@ -9,8 +9,9 @@ are the module paths of the whole checkpoint under `base_model.model.`:
 The targets taken are the Qwen3 layers' linears of both decoder stacks, the talker's and the code predictor's
 (`self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`): PEFT matches `target_modules` by name suffix, so an
 adapter trained with `["q_proj", "v_proj"]` holds both stacks'. Anything else (embeddings, the codec heads, the text
-projection, DoRA, biases, `modules_to_save`, per-module ranks) is refused, naming the file. The scale (lora_alpha / r,
-or / sqrt(r) with rsLoRA) is folded into B once, here.
+projection, DoRA, biases, `modules_to_save`, per-module ranks) is refused, naming the file. The weights file's keys
+decide what is targeted (`target_modules` is PEFT's instruction for making them). The scale (lora_alpha / r, or /
+sqrt(r) with rsLoRA) is folded into B once, here.
 """
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ def _read_config(path: str, max_rank: int) -> tuple[int, float]:
     if cfg.get("peft_type", "LORA") != "LORA":
         raise LoRAError(path, f"peft_type must be LORA, got {cfg['peft_type']!r}")
     unsupported = {"use_dora": cfg.get("use_dora"), "bias": cfg.get("bias", "none") != "none",
+                   "lora_bias": cfg.get("lora_bias"),
                    "modules_to_save": cfg.get("modules_to_save"), "fan_in_fan_out": cfg.get("fan_in_fan_out"),
                    "rank_pattern": cfg.get("rank_pattern"), "alpha_pattern": cfg.get("alpha_pattern")}
     for key, used in unsupported.items():
@@ -142,7 +144,9 @@ def _check_weights(path: str, tensors: dict[str, torch.Tensor], config: TalkerCo
             if tuple(tensor.shape) != shape:
                 raise LoRAError(path, f"{module}.lora_{side}.weight has shape {tuple(tensor.shape)}, this model and "
                                       f"r={rank} imply {shape} (an adapter for another base model?)")
-            if not tensor.is_floating_point() or not torch.isfinite(tensor).all():
+            if not tensor.is_floating_point():
+                raise LoRAError(path, f"{module}.lora_{side}.weight has dtype {tensor.dtype}, not a float type")
+            if not torch.isfinite(tensor).all():
                 raise LoRAError(path, f"{module}.lora_{side}.weight holds non-finite values")
         weights[module] = (a.float().contiguous(), (b.float() * scale).contiguous())
     return weights
