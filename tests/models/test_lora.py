@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from conftest import FIXTURES
 from omni_tts.entrypoints.cli.commands import main as cli_main
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
-from omni_tts.models.qwen3_tts.lora import LoRAError, merge_into, read_adapter, target_linears
+from omni_tts.models.qwen3_tts.lora import (CONFIG_FILE, WEIGHTS_FILE, LoRAError, merge_into, read_adapter,
+                                            target_linears)
 from omni_tts.models.qwen3_tts.weights import read_tensors, safetensors_files
 
 BASE = FIXTURES / "tiny-custom-voice"
@@ -28,9 +29,9 @@ def adapter_dir(tmp_path_factory):
 
 
 def test_the_tiny_adapter_is_a_peft_adapter_of_both_stacks(adapter_dir, tmp_path):
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config = json.loads((adapter_dir / CONFIG_FILE).read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 4
-    tensors = load_file(adapter_dir / "adapter_model.safetensors")
+    tensors = load_file(adapter_dir / WEIGHTS_FILE)
     assert tensors[Q_A].shape == (4, 64)
     assert tensors["base_model.model.talker.code_predictor.model.layers.1.mlp.down_proj.lora_B.weight"].shape == (
         32, 4)
@@ -39,13 +40,13 @@ def test_the_tiny_adapter_is_a_peft_adapter_of_both_stacks(adapter_dir, tmp_path
     again, other = tmp_path / "again", tmp_path / "other"
     assert cli_main(["make-tiny-model", str(again), "--variant", "lora", "--base", str(BASE), "--seed", "1"]) == 0
     assert cli_main(["make-tiny-model", str(other), "--variant", "lora", "--base", str(BASE), "--seed", "2"]) == 0
-    assert (again / "adapter_model.safetensors").read_bytes() == (adapter_dir / "adapter_model.safetensors").read_bytes()
+    assert (again / WEIGHTS_FILE).read_bytes() == (adapter_dir / WEIGHTS_FILE).read_bytes()
     assert not torch.equal(load_file(other / "adapter_model.safetensors")[Q_A], tensors[Q_A])
 
 
 def test_read_folds_the_scale_into_b_and_merge_adds_b_a(adapter_dir, tmp_path):
-    tensors = load_file(adapter_dir / "adapter_model.safetensors")
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    tensors = load_file(adapter_dir / WEIGHTS_FILE)
+    config = json.loads((adapter_dir / CONFIG_FILE).read_text())
     config.update(lora_alpha=8, use_rslora=True)   # scale 8 / sqrt(4) = 4
     copy = _copy(adapter_dir, tmp_path, config=config)
     adapter = read_adapter(str(copy), CONFIG, max_rank=16)
@@ -85,7 +86,6 @@ def _tensors_with(edit):
     return change
 
 
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 BAD = [
     # (id, change, the file the error names, its reason)
     ("rank over the maximum", _config_with(r=32, lora_alpha=32), CONFIG_FILE,
@@ -127,8 +127,8 @@ BAD = [
 
 @pytest.mark.parametrize("change,file,reason", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_adapters_name_the_file_and_the_problem(adapter_dir, tmp_path, change, file, reason):
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    new_config, new_tensors = change(config, load_file(adapter_dir / "adapter_model.safetensors"))
+    config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+    new_config, new_tensors = change(config, load_file(adapter_dir / WEIGHTS_FILE))
     bad = _copy(adapter_dir, tmp_path, new_config, new_tensors)
     with pytest.raises(LoRAError) as info:
         read_adapter(str(bad), CONFIG, max_rank=16)

@@ -77,7 +77,8 @@ class LoRASlots:
                     paths = [f"{stack}.layers.{i}.{name}" for name in names]
                     a = torch.zeros(len(names) * width, linears[paths[0]][0], device=device, dtype=dtype)
                     bs = [torch.zeros(linears[p][1], width, device=device, dtype=dtype) for p in paths]
-                    self.buffers.update({p: (a[j * width:(j + 1) * width], b) for j, (p, b) in enumerate(zip(paths, bs))})
+                    for j, (path, b) in enumerate(zip(paths, bs)):
+                        self.buffers[path] = (a[j * width:(j + 1) * width], b)
                     groups[group] = (a, bs)
                 layers.append(groups)
             self.stack_layers.append(layers)
