@@ -223,3 +223,19 @@ def test_an_eager_step_without_adapter_rows_is_the_plain_step(models):
         return counter.totals()[1]
 
     assert step_ops(1, 0) == step_ops(0, 0) < step_ops(1, 1)
+
+
+def test_cli_synthesize_with_an_adapter(models, tmp_path, capsys):
+    """`omni-tts synthesize --lora DIR` gives the merged model's codes; a bad adapter is a one-line error naming
+    its file."""
+    from omni_tts.entrypoints.cli.commands import main as cli_main
+
+    tts, adapters, merged = models
+    base = ["synthesize", "--model", str(BASE), "--text", TEXTS[0], "--voice", "ryan", "--temperature", "0",
+            "--max-new-tokens", "20", "--out", str(tmp_path / "x.wav")]
+    assert cli_main(base + ["--lora", adapters[0].path, "--codes-out", str(tmp_path / "codes.npy")]) == 0
+    expected = synthesize(merged[0], [SynthesisRequest(text=TEXTS[0], voice="ryan", sampling=SamplingParams(
+        temperature=0, max_new_tokens=20))])[0].codes
+    np.testing.assert_array_equal(np.load(tmp_path / "codes.npy"), expected)
+    assert cli_main(base + ["--lora", str(tmp_path / "none")]) == 2
+    assert f"{tmp_path / 'none'}: no such adapter directory" in capsys.readouterr().err

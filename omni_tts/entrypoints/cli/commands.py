@@ -80,6 +80,7 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     p.add_argument("--out", required=True, help="FILE.wav (16-bit PCM, 24 kHz) or FILE.npy (float32 samples)")
     p.add_argument("--codes-out", help="FILE.npy for the [T, 16] codes")
+    p.add_argument("--lora", metavar="DIR", help="a PEFT LoRA adapter of the talker to synthesize with")
     _add_log_level(p, "warning")
 
 
@@ -243,6 +244,7 @@ def _synthesize(args: argparse.Namespace) -> int:
     import torch
 
     from omni_tts.engine.offline import synthesize
+    from omni_tts.models.qwen3_tts.lora import read_adapter
     from omni_tts.models.qwen3_tts.model import Qwen3TTS
     from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
     from omni_tts.models.qwen3_tts.random_model import default_model_dir
@@ -265,7 +267,8 @@ def _synthesize(args: argparse.Namespace) -> int:
         instructions=args.instructions, ref_audio=args.ref_audio, ref_text=args.ref_text,
         x_vector_only=args.x_vector_only, non_streaming_mode=args.non_streaming_mode,
         sampling=SamplingParams.of(args))
-    result = synthesize(tts, [request])[0]
+    lora = None if args.lora is None else read_adapter(args.lora, tts.config.talker)
+    result = synthesize(tts, [request], loras=[lora])[0]
     if out_ext == ".npy":
         np.save(args.out, result.audio.astype(np.float32))
     else:

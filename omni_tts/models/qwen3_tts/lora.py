@@ -69,8 +69,9 @@ def target_linears(config: TalkerConfig) -> dict[str, tuple[int, int]]:
     return out
 
 
-def read_adapter(directory: str, config: TalkerConfig, max_rank: int) -> LoRAAdapter:
-    """Read a PEFT adapter directory and check it against the talker's config; LoRAError names the file."""
+def read_adapter(directory: str, config: TalkerConfig, max_rank: int | None = None) -> LoRAAdapter:
+    """Read a PEFT adapter directory and check it against the talker's config (and a served talker's
+    max_lora_rank; None: any rank, offline); LoRAError names the file."""
     config_path, weights_path = os.path.join(directory, CONFIG_FILE), os.path.join(directory, WEIGHTS_FILE)
     if not os.path.isdir(directory):
         raise LoRAError(directory, "no such adapter directory")
@@ -87,7 +88,7 @@ def read_adapter(directory: str, config: TalkerConfig, max_rank: int) -> LoRAAda
     return LoRAAdapter(directory, rank, _check_weights(weights_path, tensors, config, rank, scale))
 
 
-def _read_config(path: str, max_rank: int) -> tuple[int, float]:
+def _read_config(path: str, max_rank: int | None) -> tuple[int, float]:
     """(r, scale) from adapter_config.json, refusing the PEFT features this runtime does not compute."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -110,7 +111,7 @@ def _read_config(path: str, max_rank: int) -> tuple[int, float]:
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise LoRAError(path, f"r must be a positive integer, got {rank!r}")
-    if rank > max_rank:
+    if max_rank is not None and rank > max_rank:
         raise LoRAError(path, f"rank {rank} exceeds the configured max_lora_rank {max_rank}")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise LoRAError(path, f"lora_alpha must be a number, got {alpha!r}")
