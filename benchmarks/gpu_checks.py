@@ -13,8 +13,9 @@
    and steady chunks at 1-64 rows and 1/4/7/25 frames: max |difference| within the dtype's tolerance; and the time
    of one decoder call (slots in, audio on the host) per (rows, frames), graphed and eager.
    LoRA rows: two random adapters loaded after the graphs were captured (copied into their slots, no recapture),
-   rows on each and on none in one batch: the graphed step's greedy codes == the static eager step's (on the CPU:
-   the static step's == the dynamic step's).
+   rows on each and on none in one batch (the first steps, on the base model alone, replay the graphs without
+   adapters): the graphed step's greedy codes == the static eager step's (on the CPU: the static step's == the
+   dynamic step's).
 4. layouts: the tiny fixture served on the device (fp32) by both stage processes (connector shm) and by the fused
    layout (one process, connector local): the same greedy audio (the golden's difference reported beside it).
 Writes checks.json (every figure) and prints one line per check; exits 1 when a check fails.

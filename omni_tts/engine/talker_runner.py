@@ -17,13 +17,14 @@ sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at le
 LoRA rows (max_loras > 0): the adapters sit in static slot buffers (lora_slots.py) and each row holds its adapter
 slot (0 = none) in `adapter_slots`, set at prefill and moved with the row; every forward (prefill, the talker's and
 the code predictor's decode) adds each row's adapter to the layers' linears. Loading an adapter between two steps
-copies into its slot, so the graphs stay valid. With max_loras 0 the step is the plain one, kernel for kernel; so
-are a prefill and an eager step (the CPU's) none of whose rows has an adapter (the slots are mirrored on the host),
-while a static step, what a graph replays, always runs the LoRA path (a row without an adapter gets the same
-values from it).
+copies into its slot, so the graphs stay valid. A forward runs the LoRA path only when one of its rows has an
+adapter (the slots are mirrored on the host, read without a sync): with max_loras 0, or rows on the base model
+alone, the step is the plain one, kernel for kernel. With max_loras > 0 the graphs come in both kinds, twice as
+many (a row without an adapter gets the same values from either).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 
 import numpy as np
@@ -42,6 +43,7 @@ from .talker_scheduler import RowMove, TalkerRequest
 logger = logging.getLogger(__name__)
 
 MIN_SLOT_BUCKET = 256
+LORA_KINDS = {False: (False,), True: (False, True)}   # by whether the runner has LoRA slots: the steps' kinds
 
 
 def slot_buckets(max_model_len: int) -> list[int]:
@@ -114,11 +116,13 @@ class TalkerRunner:
             embeds[i, :request.prompt_len] = request.prefill
         key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
         rows = slice(first_row, first_row + k)
+        lora = None
         if self.lora is not None:
             self.host_adapter_slots[rows] = [r.lora_slot for r in requests]
             self.adapter_slots[rows] = torch.from_numpy(self.host_adapter_slots[rows]).to(self.device)
+            lora = self._lora_rows(rows)[0] if self._has_adapter_rows(rows) else None
         hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid,
-                                             self._lora_rows(rows, captured=False)[0])
+                                             lora)
         self.hidden[rows] = hidden
         for i, request in enumerate(requests):
             self.sampler.set_row(first_row + i, request.sampling)
@@ -142,16 +146,17 @@ class TalkerRunner:
     def decode(self, num_rows: int, num_slots: int) -> np.ndarray:
         """One step for rows 0..num_rows-1 attending over num_slots slots; returns their [num_rows, 17] tokens."""
         rows = slice(0, num_rows)
+        lora = self._has_adapter_rows(rows)
         if self.static_shapes:
             paths = self.sampler.static_paths(rows)
-            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots), paths)
+            key = (bucket(self.batch_buckets, num_rows), bucket(self.slot_buckets, num_slots), paths, lora)
             graph = self.graphs.get(key)
             if graph is not None:
                 graph.replay()
             else:
-                self._decode_rows(key[0], key[1], paths, paths)
+                self._decode_rows(key[0], key[1], paths, paths, lora)
         else:
-            self._decode_rows(num_rows, num_slots, *self.sampler.paths(rows))
+            self._decode_rows(num_rows, num_slots, *self.sampler.paths(rows), lora)
         # the step's one D2H copy and its one wait
         host = self.host_tokens[:num_rows]
         if self.tokens_copied is not None:
@@ -160,13 +165,14 @@ class TalkerRunner:
             self.tokens_copied.synchronize()
         return host.numpy().copy()  # the buffers are the next step's
 
-    def _decode_rows(self, b: int, num_slots: int, talker_paths: SamplingPaths, codebook_paths: SamplingPaths
-                     ) -> None:
+    def _decode_rows(self, b: int, num_slots: int, talker_paths: SamplingPaths, codebook_paths: SamplingPaths,
+                     lora: bool) -> None:
         """The step body, shape-static in (b, num_slots): every row's frame, the talker fed the whole frame + the
         row's text, the next c0 drawn; results land in self.tokens. What a CUDA graph captures, as is.
-        talker_paths, codebook_paths: the sampling paths the c0 and the codebook draws run."""
+        talker_paths, codebook_paths: the sampling paths the c0 and the codebook draws run; lora: whether the
+        forwards add the rows' adapters."""
         rows, talker = slice(0, b), self.talker
-        talker_lora, predictor_lora = self._lora_rows(rows, captured=self.static_shapes)
+        talker_lora, predictor_lora = self._lora_rows(rows) if lora else (None, None)
         keys = self.sampler.noise_keys(rows)   # [B, 16] the step's 16 draws share the rows' token index: one pass
         frame = self.predict_frame(rows, keys, codebook_paths, predictor_lora)         # [B, 16]
         text_index = torch.minimum(self.steps[rows], self.trailing_len[rows])
@@ -198,32 +204,36 @@ class TalkerRunner:
                 x = predictor.embed_codebook(codes[-1], j)
         return torch.stack(codes, dim=1)
 
-    def _lora_rows(self, rows: slice, captured: bool) -> tuple[StackLoRA | None, StackLoRA | None]:
-        """The talker's and the code predictor's adapters of `rows`; (None, None) without LoRA slots, or when none
-        of the rows has an adapter and the forward is not one a graph replays (captured: a static step)."""
-        if self.lora is None or (not captured and not self.host_adapter_slots[rows].any()):
-            return None, None
+    def _has_adapter_rows(self, rows: slice) -> bool:
+        return self.lora is not None and bool(self.host_adapter_slots[rows].any())
+
+    def _lora_rows(self, rows: slice) -> tuple[StackLoRA, StackLoRA]:
+        """The talker's and the code predictor's adapters of `rows` (padding rows' too: thrown away)."""
+        assert self.lora is not None
         return self.lora.forward_rows(self.adapter_slots[rows])
 
     def capture_graphs(self) -> None:
-        """One CUDA graph per (rows, slots) bucket and sampling path set, largest first so smaller graphs reuse its
-        memory pool. Two path sets double the capture time and the graphs, and buy a replay without the sorted
-        vocabulary's sorts and per-id noise, most of a step's kernels, in the common case (every row keeps a small
-        top-k). The warm-up and captured runs touch only free rows (nothing runs yet); their state is reset after."""
+        """One CUDA graph per (rows, slots) bucket, sampling path set and (with LoRA slots) with and without the
+        adapters, largest first so smaller graphs reuse its memory pool. Two path sets double the capture time and
+        the graphs, and buy a replay without the sorted vocabulary's sorts and per-id noise, most of a step's
+        kernels, in the common case (every row keeps a small top-k); the LoRA kinds double them again, and buy rows
+        on the base model the plain step. The warm-up and captured runs touch only free rows (nothing runs yet);
+        their state is reset after."""
         pool = None
         with torch.inference_mode():
             for slots in reversed(self.slot_buckets):
                 for rows in reversed(self.batch_buckets):
-                    for paths in STATIC_PATHS:
-                        graph, _ = capture(lambda: self._decode_rows(rows, slots, paths, paths), self.device,
+                    for paths, lora in itertools.product(STATIC_PATHS, LORA_KINDS[self.lora is not None]):
+                        graph, _ = capture(lambda: self._decode_rows(rows, slots, paths, paths, lora), self.device,
                                            pool)
                         pool = graph.pool()
-                        self.graphs[(rows, slots, paths)] = graph
+                        self.graphs[(rows, slots, paths, lora)] = graph
             torch.cuda.synchronize(self.device)
             for buffer in (self.lengths, self.steps, self.trailing_len, self.c0):
                 buffer.zero_()
-        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s x %d sampling path sets)", len(self.graphs),
-                    self.batch_buckets, self.slot_buckets, len(STATIC_PATHS))
+        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s x %d sampling path sets x %s)",
+                    len(self.graphs), self.batch_buckets, self.slot_buckets, len(STATIC_PATHS),
+                    "with and without LoRA" if self.lora is not None else "no LoRA")
 
     # --- rows -----------------------------------------------------------------------------------------------
     @torch.inference_mode()

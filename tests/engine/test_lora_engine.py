@@ -205,14 +205,16 @@ def test_adapter_names_slots_and_unloading(models):
         plain.load_lora("one", adapters[0])
 
 
-def test_an_eager_step_without_adapter_rows_is_the_plain_step(models):
-    """The CPU's eager step runs the LoRA path only when one of its rows has an adapter: a server configured for
-    adapters pays nothing while its rows run on the base model."""
+@pytest.mark.parametrize("static", [False, True])
+def test_a_step_without_adapter_rows_is_the_plain_step(models, static):
+    """A step runs the LoRA path only when one of its rows has an adapter, the eager step and the static one (what
+    a graph replays: both kinds are captured): a server configured for adapters pays nothing while its rows run
+    on the base model."""
     tts, adapters, _ = models
     p = prepare(tts, greedy(0))
 
     def step_ops(max_loras: int, lora_slot: int) -> int:
-        runner = TalkerRunner(tts.talker, tts.config, 2, 300, 64, max_loras=max_loras)
+        runner = TalkerRunner(tts.talker, tts.config, 2, 300, 64, static_shapes=static, max_loras=max_loras)
         if max_loras:
             runner.lora.load(1, adapters[0])
         runner.prefill([TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, p.max_tokens, lora_slot=lora_slot)
