@@ -99,7 +99,7 @@ class TalkerRunner:
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
             self.cp_positions = talker.code_predictor.frame_positions(dev, dt)
-        self.graphs: dict[tuple[int, int, SamplingPaths], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, SamplingPaths, bool], torch.cuda.CUDAGraph] = {}  # (rows, slots, paths, lora)
         if self.cuda_graphs:
             self.capture_graphs()
 
