@@ -2,8 +2,10 @@
 loaded at run time (LoadLoRA, read beside the loop, while a stream runs) serve requests that name them, with the
 codes offline synthesis gives; bad adapters, unknown names and unloads are answered with failures naming the
 problem, and a bad start-up adapter fails the stage's start naming its file."""
+import dataclasses
 import json
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import make_random_adapter
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
-from omni_tts.stages.messages import (AddRequest, FailureKind, LoadLoRA, LoRALoaded, LoRAUnloaded, StageLaunch,
+from omni_tts.stages.messages import (AddRequest, AppendText, FailureKind, LoadLoRA, LoRALoaded, LoRAUnloaded, StageLaunch,
                                       TalkerDone, UnloadLoRA)
 from omni_tts.stages.talker_stage import TalkerStage
 from stage_harness import StageHarness
@@ -56,6 +58,7 @@ def test_adapters_loaded_at_start_and_at_run_time_serve_their_requests(tts, adap
     stage = StageHarness(model_dir=BASE, talker=TALKER, loras={"one": adapters[0]})
     try:
         long, short = request("A sentence that keeps the stream going for a while.", 60), request("Hello.", 20)
+        streaming = dataclasses.replace(short, non_streaming_mode=False)
         stage.send(add(tts, "long", long, "one"))
         stage.send(LoadLoRA("two", adapters[1]))   # read beside the loop while "long" runs
         assert stage.next_event(LoRALoaded) == LoRALoaded("two")
@@ -84,6 +87,15 @@ def test_adapters_loaded_at_start_and_at_run_time_serve_their_requests(tts, adap
         stage.send(LoadLoRA("one", adapters[1]))
         assert "named 'one' is loaded already" in stage.next_event(LoRALoaded).failure.message
 
+        # an adapter a request holds is not unloaded; once the request is done, it is. The holder's text stays open
+        # (all of it but its end is here: it waits in the engine for the end), so it holds the adapter until told
+        holder = msgspec.structs.replace(add(tts, "holder", streaming, "one"), text_open=True)
+        stage.send(holder)
+        stage.send(UnloadLoRA("one"))
+        failure = stage.next_event(LoRAUnloaded).failure
+        assert failure.param == "lora_name" and "'one' is in use by 1 request(s)" in failure.message
+        stage.send(AppendText("holder", [], holder.max_tokens, done=True))
+        done_codes(stage.next_event(TalkerDone))
         stage.send(UnloadLoRA("one"))
         assert stage.next_event(LoRAUnloaded) == LoRAUnloaded("one")
         stage.send(UnloadLoRA("one"))
