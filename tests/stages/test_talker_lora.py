@@ -18,8 +18,8 @@ from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import make_random_adapter
 from omni_tts.models.qwen3_tts.sampling import SamplingParams, resolve_sampling
-from omni_tts.stages.messages import (AddRequest, AppendText, FailureKind, LoadLoRA, LoRALoaded, LoRAUnloaded, StageLaunch,
-                                      TalkerDone, UnloadLoRA)
+from omni_tts.stages.messages import (AddRequest, AppendText, FailureKind, LoadLoRA, LoRALoaded, LoRAUnloaded,
+                                      StageLaunch, TalkerDone, UnloadLoRA)
 from omni_tts.stages.talker_stage import TalkerStage
 from stage_harness import StageHarness
 
