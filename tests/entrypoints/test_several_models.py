@@ -11,7 +11,9 @@ import subprocess
 import sys
 
 import aiohttp
+import openai
 import pytest
+from elevenlabs import ElevenLabs
 
 from audio_util import assert_same_audio
 from conftest import FIXTURES, GOLDEN_CASES, case_rows
@@ -181,3 +183,23 @@ def test_a_models_file_names_the_models(tmp_path):
             ("narrator", "narrator"), ("clone", "clone"), ("clone-2", "clone")]
     finally:
         server.stop()
+
+
+def test_the_other_apis_route_by_model_too(server):
+    """The `model` of OpenAI's SDK and ElevenLabs' `model_id` pick the model as /v1/audio/speech's does."""
+    design = {"input": "Routed by model.", "instructions": "A calm, deep voice.", "language": "english",
+              "response_format": "pcm", **GREEDY}
+    expected = speak(server, design | {"model": "designer"})[1]
+    openai_sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    spoken = openai_sdk.audio.speech.create(model="designer", voice="alloy", input=design["input"],
+                                            instructions=design["instructions"], response_format="pcm",
+                                            extra_body={"language": "english", **GREEDY}).read()
+    assert_same_audio(spoken, expected)
+    eleven = ElevenLabs(base_url=server.url, api_key="unused").text_to_speech
+    plain = speak(server, {"model": "clone", "input": "Routed by model.", "response_format": "pcm",
+                           "ref_audio": str(FIXTURES / "ref_voice.wav"), "x_vector_only_mode": True, **GREEDY})[1]
+    cloned = b"".join(eleven.convert("unused", text="Routed by model.", model_id="clone", output_format="pcm_24000",
+                                     request_options={"additional_body_parameters": {
+                                         "ref_audio": str(FIXTURES / "ref_voice.wav"), "x_vector_only_mode": True,
+                                         **GREEDY}}))
+    assert_same_audio(cloned, plain)
