@@ -203,3 +203,11 @@ def test_the_other_apis_route_by_model_too(server):
                                          "ref_audio": str(FIXTURES / "ref_voice.wav"), "x_vector_only_mode": True,
                                          **GREEDY}}))
     assert_same_audio(cloned, plain)
+
+
+def test_metrics_and_health_name_every_models_stages(server):
+    speak(server, {"model": "designer", "input": "Counted.", "instructions": "A calm voice.", **GREEDY})
+    metrics = request(server.url + "/metrics")[2].decode()
+    for stage in ("talker", "talker:designer", "talker:clone", "code2wav"):
+        assert f'omni_tts_stage_steps_total{{stage="{stage}"}}' in metrics, stage
+    assert json.loads(request(server.url + "/health")[2])["status"] == "healthy"
