@@ -148,6 +148,11 @@ class ChunkWriterBase:
             return self._cv.wait_for(lambda: self._written >= target or self._closed or self._error is not None,
                                      timeout) and self._written >= target
 
+    def wait_released(self, timeout: float) -> bool:
+        """Until every chunk put has been written, read and its slot given back; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._in_use or self._closed, timeout) and not self._in_use
+
     def close(self, timeout: float = 2.0) -> None:
         """Stop the threads and let go of the transport; chunks not yet in a slot are dropped. Idempotent, and
         prompt even if the reader is dead (sockets have LINGER 0, no thread waits without a wake-up)."""

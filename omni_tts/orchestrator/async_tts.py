@@ -9,12 +9,17 @@ Three parts, one module each: the input processor turns a request into the talke
 supervisor keeps the stage processes running (supervisor.py). Cancelling the consumer aborts the request in both
 stages. While the pipeline restarts after a failure, new requests get `StageDeadError` (the server answers 503).
 A request whose text arrives in pieces is a `TextStream` (`open_text_stream`).
+
+Several models can be served at once (`AsyncTTS([ServedCheckpoint(name, dir), ...], pipeline)`): each request names
+its model (`model=`, the first by default), each model has its own input processor and talker stage, and the models
+whose decoders are the same share one code2wav (model_layout.py). One model's TTSClient: model_client.ModelClient.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Callable
 
 import numpy as np
@@ -32,22 +37,34 @@ from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
 from omni_tts.stages.messages import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
+from .model_layout import ServedCheckpoint, plan_layout
+from .model_loads import ModelLoads
 from .stage_client import RequestState, StageClient
 from .types import SpeechChunk
 
 
 class AsyncTTS:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig,
+    def __init__(self, model_dir: str | Sequence[ServedCheckpoint], pipeline: PipelineConfig,
                  supervision: SupervisionSettings = SupervisionSettings(), max_buffered_seconds: float = 60.0,
-                 cpus: int | None = None) -> None:
-        """supervision: how the stages are watched and restarted, and when the engine gives up.
-        max_buffered_seconds: audio a consumer may leave unread before its request fails. cpus: the cores the CPU
-        stages' threads share (default: those this process may run on)."""
-        self.model_dir, self.pipeline = model_dir, pipeline
-        self.processor = InputProcessor(model_dir, pipeline)
-        self.client = StageClient(model_dir, pipeline, self.config.talker.num_code_groups, supervision,
+                 cpus: int | None = None, idle_unload: float | None = None) -> None:
+        """model_dir: the checkpoint, or several models (the first is the default). supervision: how the stages are
+        watched and restarted, and when the engine gives up. max_buffered_seconds: audio a consumer may leave
+        unread before its request fails. cpus: the cores the CPU stages' threads share (default: those this process
+        may run on). idle_unload: seconds after which an idle model's talker is unloaded (None: never)."""
+        self.models = ([ServedCheckpoint(os.path.basename(os.path.abspath(model_dir)), model_dir)]
+                       if isinstance(model_dir, str) else list(model_dir))
+        self.model_dir, self.pipeline = self.models[0].model_dir, pipeline
+        self.layout = plan_layout(self.models)
+        self.processors = {model.name: InputProcessor(model.model_dir, pipeline) for model in self.models}
+        self.processor = self.processors[self.models[0].name]
+        groups = {processor.config.talker.num_code_groups for processor in self.processors.values()}
+        if len(groups) > 1:
+            self._close_processors()
+            raise ValueError(f"the models' codecs differ ({sorted(groups)} codebooks): serve them apart")
+        self.client = StageClient(self.layout, pipeline, self.config.talker.num_code_groups, supervision,
                                   max_buffered_seconds, cpus)
         self.supervisor = self.client.supervisor
+        self.loads = ModelLoads(self.client, idle_unload)
         self.threads, self.batch_sizes = self.supervisor.threads, self.supervisor.batch_sizes
 
     # --- what callers read ----------------------------------------------------------------------------------
@@ -120,19 +137,47 @@ class AsyncTTS:
         try:
             await self.client.start()
         except BaseException:
-            self.processor.close()
+            self._close_processors()
             raise
+        self.loads.start()
 
     async def shutdown(self) -> None:
         """Stop the stages (gracefully, then by force), fail what is in flight, close the executors."""
+        self.loads.close()
         await self.client.shutdown()
-        self.processor.close()
+        self._close_processors()
+
+    def _close_processors(self) -> None:
+        for processor in self.processors.values():
+            processor.close()
+
+    # --- models ---------------------------------------------------------------------------------------------
+    def is_loaded(self, model: str | None = None) -> bool:
+        """Whether the model's talker runs now (an idle one may be unloaded: `idle_unload`)."""
+        return self.loads.is_loaded(self._talker(model))
+
+    async def load_model(self, model: str | None = None) -> float:
+        """Returns once the model's talker runs (loading it if it was unloaded): the seconds waited for a load."""
+        return await self.loads.ready(self._talker(model))
+
+    def _talker(self, model: str | None) -> str:
+        return self.layout.talker_of[self._model_name(model)]
+
+    def _processor(self, model: str | None) -> InputProcessor:
+        return self.processors[self._model_name(model)]
+
+    def _model_name(self, model: str | None) -> str:
+        if model is None:
+            return self.models[0].name
+        if model not in self.processors:
+            raise RequestError("model", f"model '{model}' is not served here; served: {', '.join(self.processors)}")
+        return model
 
     # --- requests -------------------------------------------------------------------------------------------
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                        first_audio_timeout: float | None = None, timeout: float | None = None,
-                       return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
+                       return_codes: bool = False, model: str | None = None) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
@@ -140,11 +185,12 @@ class AsyncTTS:
         immutable clip that request.ref_audio holds (an uploaded voice's version): stage 0 caches its voice
         features under it, so the same version must never stand for other audio. return_codes: the last chunk
         carries the generated codes (`SpeechChunk.codes`), e.g. to clone this voice by ICL in a later request
-        (`SynthesisRequest.ref_codes`, with this request's text as ref_text)."""
+        (`SynthesisRequest.ref_codes`, with this request's text as ref_text). model: the served model's name (the
+        first by default)."""
         started = asyncio.get_running_loop().time()
         add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=False,
-                                  return_codes=return_codes)
-        state = self.client.add(add.request_id, len(add.prompt.text_ids))
+                                  return_codes=return_codes, model=model)
+        state = self.client.add(add.request_id, len(add.prompt.text_ids), self._talker(model))
         chunks = self.client.outputs(state)
         try:
             await self.client.submit(state, add)
@@ -163,34 +209,39 @@ class AsyncTTS:
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
                                initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
-                               idle_timeout: float = ApiSettings.stream_idle_timeout) -> "TextStream":
+                               idle_timeout: float = ApiSettings.stream_idle_timeout,
+                               model: str | None = None) -> "TextStream":
         """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
         `finish` it, and iterate the stream for the audio, as from `generate`, which it equals for the whole text
         in the streaming layout (non_streaming_mode None or False). The arguments are `generate`'s;
         first_audio_timeout counts from `finish`, and the request fails with RequestTimedOut when no text arrives
         for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
         started = asyncio.get_running_loop().time()
-        add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=True)
-        state = self.client.add(add.request_id, 0)
+        add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=True,
+                                  model=model)
+        state = self.client.add(add.request_id, 0, self._talker(model))
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
                                      f"the speech did not finish within {timeout:g} s")
         ref_frames = 0 if request.ref_codes is None else len(request.ref_codes)
-        stream = TextStream(self.client, self.processor, state, add, ref_frames, first_audio_timeout, idle_timeout,
-                            request.lexicon)
+        stream = TextStream(self.client, self._processor(model), state, add, ref_frames, first_audio_timeout,
+                            idle_timeout, request.lexicon)
         stream.wait_for_text()
         return stream
 
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
-                          timeout: float = 60.0) -> np.ndarray:
+                          timeout: float = 60.0, model: str | None = None) -> np.ndarray:
         """The x-vector stage 0 computes from a clip, float32 [enc_dim]: what a Base request with this ref_audio in
         x-vector-only mode puts in its prompt, so sending it back as `speaker_embedding` gives the same audio.
         voice_version: as for `generate` (the clip's features are cached under it). RequestError for a checkpoint
         without a speaker encoder, or a clip unreadable or refused by the speaker encoder; the errors of `generate`
         otherwise."""
         self.supervisor.check_alive()
-        command = await self.processor.embed_voice(uuid.uuid4().hex, ref_audio, voice_version)
-        return await self.client.embed_voice(command, timeout)
+        command = await self._processor(model).embed_voice(uuid.uuid4().hex, ref_audio, voice_version)
+        talker = self._talker(model)
+        with self.loads.hold(talker):
+            await self.loads.ready(talker)
+            return await self.client.embed_voice(command, timeout, talker)
 
     async def abort(self, request_id: str) -> None:
         """Free the request in every stage (each drops it within one step)."""
@@ -198,12 +249,15 @@ class AsyncTTS:
 
     async def _prepare(self, request: SynthesisRequest, request_id: str | None,
                        initial_codec_chunk_frames: int | None, voice_version: str | None, text_open: bool,
-                       return_codes: bool = False) -> AddRequest:
+                       return_codes: bool = False, model: str | None = None) -> AddRequest:
+        """The request for its model's talker, which runs once this returns: the caller registers the request at
+        once (no await between), so an idle unload cannot come between (model_loads.py)."""
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
-        add = await self.processor.process(rid, request, text_open, initial_codec_chunk_frames, voice_version,
-                                           return_codes)
+        add = await self._processor(model).process(rid, request, text_open, initial_codec_chunk_frames,
+                                                   voice_version, return_codes)
+        await self.loads.ready(self._talker(model))
         self.supervisor.check_alive()
         self._check_new(rid)
         return add
@@ -320,7 +374,8 @@ class TextStream:
         limit = token_limit(self.add.sampling.max_new_tokens, len(prompt.text_ids))
         if self.in_stages:
             if new_text or done:
-                await self.client.send(self.state, "talker", AppendText(self.request_id, new_text, limit, done))
+                append = AppendText(self.request_id, new_text, limit, done)
+                await self.client.send(self.state, self.state.talker, append)
         elif prompt.text_ids:  # the role ids are known with the first text token
             self.in_stages = True
             self.add.max_tokens, self.add.text_open = limit, not done

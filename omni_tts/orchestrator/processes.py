@@ -22,6 +22,7 @@ from omni_tts.config import stage_environment
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.stages import bootstrap
 from omni_tts.stages.common import HEARTBEAT_INTERVAL
+from omni_tts.stages.messages import stage_kind
 
 from .types import StageDeadError
 
@@ -39,7 +40,7 @@ def spawn(target: Callable[..., None], args: tuple, name: str, stage: str) -> mu
     delivered once restored)."""
     entry = f"{target.__module__}:{target.__qualname__}"
     process = multiprocessing.get_context("spawn").Process(
-        target=bootstrap.run, args=(stage_environment(stage), entry, *args), name=name, daemon=True)
+        target=bootstrap.run, args=(stage_environment(stage_kind(stage)), entry, *args), name=name, daemon=True)
     # a spawn starts Python's resource tracker first if it is not running, and unblocks SIGINT once it has: started
     # here, before the block
     resource_tracker.ensure_running()

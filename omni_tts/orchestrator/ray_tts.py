@@ -151,6 +151,12 @@ class RayTTS:
             raise
         return stream
 
+    def is_loaded(self) -> bool:
+        return True   # a replica's model stays loaded (no idle unload under Ray Serve)
+
+    async def load_model(self) -> float:
+        return 0.0
+
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
                           timeout: float = 60.0) -> np.ndarray:
         try:

@@ -22,6 +22,7 @@ from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice,
                                       Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
                                       VoiceEmbedding)
 
+from .model_layout import PipelineLayout
 from .supervisor import StageSupervisor
 from .types import EngineShutDown, RequestFailed, RequestTimedOut, SpeechChunk, StageDeadError, Usage, stage_error
 
@@ -32,6 +33,7 @@ class RequestState:
     queue: asyncio.Queue       # SpeechChunks, then the usage chunk or the error that ends the request
     input_tokens: int
     epoch: int                 # the pipeline it runs in (StageSupervisor.epoch)
+    talker: str = "talker"     # its model's talker stage (model_layout.py)
     num_samples: int = 0
     buffered_samples: int = 0  # queued, not yet taken by the consumer
     talker_done: TalkerDone | None = None
@@ -41,13 +43,14 @@ class RequestState:
 
 
 class StageClient:
-    def __init__(self, model_dir: str, pipeline: PipelineConfig, num_code_groups: int,
+    def __init__(self, layout: PipelineLayout, pipeline: PipelineConfig, num_code_groups: int,
                  supervision: SupervisionSettings, max_buffered_seconds: float, cpus: int | None) -> None:
-        """supervision, cpus: StageSupervisor's."""
+        """layout, supervision, cpus: StageSupervisor's."""
         self.max_buffered_samples = int(max_buffered_seconds * SAMPLE_RATE)
         self.last_audio_timeout = supervision.last_audio_timeout
         self.num_code_groups = num_code_groups
-        self.supervisor = StageSupervisor(model_dir, pipeline, num_code_groups, self._on_event, self.fail_all,
+        self.layout = layout
+        self.supervisor = StageSupervisor(layout, pipeline, num_code_groups, self._on_event, self.fail_all,
                                           supervision, cpus)
         self.requests: dict[str, RequestState] = {}
         self.pending_aborts: set[asyncio.Task] = set()   # the aborts of failed requests, held until they ran
@@ -66,9 +69,10 @@ class StageClient:
         await self.supervisor.shutdown()
 
     # --- requests -------------------------------------------------------------------------------------------
-    def add(self, request_id: str, input_tokens: int) -> RequestState:
+    def add(self, request_id: str, input_tokens: int, talker: str = "talker") -> RequestState:
+        """A request of the model whose talker stage is `talker`."""
         state = self.requests[request_id] = RequestState(request_id, asyncio.Queue(), input_tokens,
-                                                         self.supervisor.epoch)
+                                                         self.supervisor.epoch, talker)
         return state
 
     def is_live(self, state: RequestState) -> bool:
@@ -76,9 +80,9 @@ class StageClient:
         return self.requests.get(state.request_id) is state
 
     async def submit(self, state: RequestState, add: AddRequest) -> None:
-        """Register the request in stage 1, then add it to stage 0."""
-        await self.send(state, "code2wav", Register(state.request_id))
-        await self.send(state, "talker", add)
+        """Register the request in its code2wav, then add it to its talker."""
+        await self.send(state, self.layout.decoder_of[state.talker], Register(state.request_id))
+        await self.send(state, state.talker, add)
         if not self.is_live(state):  # failed while being sent: its Abort may have gone first
             await self.abort(state.request_id)
 
@@ -160,14 +164,14 @@ class StageClient:
             if not waiter.done():
                 waiter.set_exception(error)
 
-    async def embed_voice(self, command: EmbedVoice, timeout: float) -> np.ndarray:
+    async def embed_voice(self, command: EmbedVoice, timeout: float, talker: str = "talker") -> np.ndarray:
         """Stage 0's x-vector of a clip, float32 [enc_dim]: RequestError('ref_audio') when the speaker encoder
         refuses the clip (RequestFailed when the stage failed it), StageDeadError when the pipeline fails meanwhile,
         RequestTimedOut past `timeout` seconds."""
         self.supervisor.check_alive()
         waiter = self._embeddings[command.request_id] = asyncio.get_running_loop().create_future()
         try:
-            await self.supervisor.send("talker", self._encoder.encode(command), self.supervisor.epoch)
+            await self.supervisor.send(talker, self._encoder.encode(command), self.supervisor.epoch)
             return await asyncio.wait_for(waiter, timeout)
         except asyncio.TimeoutError:
             await self.abort(command.request_id)

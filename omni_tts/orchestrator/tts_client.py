@@ -57,6 +57,12 @@ class TTSClient(Protocol):
     def restarts(self) -> Mapping[str, int]:
         """Pipeline restarts so far, by the stage that failed; never decreases."""
 
+    def is_loaded(self) -> bool:
+        """Its model's talker runs now (an idle model's may be unloaded: AsyncTTS's idle_unload)."""
+
+    async def load_model(self) -> float:
+        """Returns once its model's talker runs (loading it if it was unloaded): the seconds waited for a load."""
+
     async def start(self) -> None: ...
 
     async def shutdown(self) -> None: ...

@@ -54,8 +54,11 @@ class Code2WavStage:
             aligner_stage.start_thread(launch.aligner)
         self.condition = condition or threading.Condition()
         self.io = StageIO(launch, self.condition)
-        self.reader = reader or chunk_reader(launch.connector, condition=self.condition,  # arrivals wake the loop
-                                             on_error=lambda e: self.io.thread_failed("connector", e))
+        self.stage = launch.stage
+        # one reader per talker it decodes for (a server of several models), all waking the loop
+        self.readers = [reader] if reader is not None else [
+            chunk_reader(spec, condition=self.condition, on_error=lambda e: self.io.thread_failed("connector", e))
+            for spec in launch.readers]
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
         self.connector_latencies = DurationHistogram.empty(CONNECTOR_SECONDS_BUCKETS)
         self.num_chunks = 0
@@ -67,23 +70,26 @@ class Code2WavStage:
         self.next_seq: dict[str, int] = {}   # each registered request's next chunk: a gap is a lost chunk
 
     def run(self) -> None:
-        self.reader.start()
-        self.io.send(Ready("code2wav", os.getpid()))
+        for reader in self.readers:
+            reader.start()
+        self.io.send(Ready(self.stage, os.getpid()))
         while True:
-            self.io.wait(lambda: self.reader.stats().queued > 0 or self.engine.has_work())
+            self.io.wait(lambda: any(reader.stats().queued > 0 for reader in self.readers) or self.engine.has_work())
             for message in self.io.take_commands():
                 if isinstance(message, Shutdown):
-                    self.reader.close()
+                    for reader in self.readers:
+                        reader.close()
                     self.io.close()
                     return
                 self._handle(message)
             now = time.monotonic_ns()
-            for chunk in self.reader.get_all_nowait():
-                self.connector_latencies.observe((now - chunk.put_ns) / 1e9)
-                self.num_chunks += 1
-                codec = CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context)
-                self.reader.release(chunk)
-                self._on_chunk(chunk.request_id, chunk.seq, codec, now)
+            for reader in self.readers:
+                for chunk in reader.get_all_nowait():
+                    self.connector_latencies.observe((now - chunk.put_ns) / 1e9)
+                    self.num_chunks += 1
+                    codec = CodecChunk(np.array(chunk.codes), chunk.is_last, chunk.is_context)
+                    reader.release(chunk)
+                    self._on_chunk(chunk.request_id, chunk.seq, codec, now)
             self._drop_early(lambda arrived: now - arrived > REGISTER_GRACE_NS)
             if self.engine.has_work():
                 started = time.perf_counter()
@@ -163,7 +169,7 @@ class Code2WavStage:
         elif isinstance(message, Abort):
             self._abort(message.request_id)
         elif isinstance(message, GetStats):
-            self.io.send(StageStats("code2wav", os.getpid(), list(self.engine.requests), self.engine.num_steps,
+            self.io.send(StageStats(self.stage, os.getpid(), list(self.engine.requests), self.engine.num_steps,
                                     time.process_time(), self.step_durations, self.num_chunks,
                                     self.connector_latencies, self.num_unknown_chunks))
 

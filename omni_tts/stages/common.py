@@ -24,7 +24,7 @@ from omni_tts.connectors.base import ChunkWriterBase
 from omni_tts.connectors.shm_ring import cleanup_stale_blocks
 from omni_tts.log import configure_logging
 
-from .messages import AlignerLaunch, Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch
+from .messages import AlignerLaunch, Heartbeat, StageCommand, StageEvent, StageFailed, StageLaunch, stage_kind
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def run_stages(launches_bytes: tuple[bytes, ...], main: Callable[[list[StageLaun
     configure_logging(launches[0].log_level)  # a spawned process inherits no logging config
     cpu_stages = [launch.stage for launch in launches if launch.config.device == "cpu"]
     if cpu_stages:
-        os.nice(min(CPU_STAGE_NICENESS[stage] for stage in cpu_stages))
+        os.nice(min(CPU_STAGE_NICENESS[stage_kind(stage)] for stage in cpu_stages))
     set_torch_threads(max(launch.threads for launch in launches))
     start_heartbeats(launches)
     try:

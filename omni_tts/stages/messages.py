@@ -72,7 +72,9 @@ class GetStats(msgspec.Struct, tag=True):
 
 
 class Shutdown(msgspec.Struct, tag=True):
-    pass
+    # a talker unloaded while code2wav runs on: it waits (at most this long) until code2wav has given back every
+    # connector slot, so no release of its chunks reaches the talker that loads after it
+    release_wait: float = 0.0
 
 
 StageCommand = (AddRequest | AppendText | EmbedVoice | LoadLoRA | UnloadLoRA | Register | Abort | GetStats
@@ -250,10 +252,16 @@ class AlignerLaunch(msgspec.Struct):
     log_level: int = 20
 
 
+def stage_kind(stage: str) -> str:
+    """"talker" or "code2wav": what a stage named `stage` runs. A server of several models runs a talker per model
+    and a code2wav per distinct decoder; the ones past the first are named `<kind>:<model>` (`talker:base`)."""
+    return stage.partition(":")[0]
+
+
 class StageLaunch(msgspec.Struct):
     """Everything a stage process needs; passed as msgpack bytes to the spawned process. Its device, sizes and
     chunking are the stage config's (`config`); the supervisor adds what it works out from it."""
-    stage: str                       # "talker" | "code2wav"
+    stage: str                       # "talker" | "code2wav", or `<kind>:<model>` (stage_kind)
     model_dir: str
     pipeline: PipelineConfig
     max_batch_size: int              # requests run together (the talker's also bounded by its KV cache rows)
@@ -261,6 +269,8 @@ class StageLaunch(msgspec.Struct):
     command_address: str             # the stage binds a PULL here
     event_address: str               # the orchestrator's PULL; the stage connects a PUSH
     connector: ConnectorSpec          # the talker → code2wav chunk connector, of the configured kind
+    # code2wav of several talkers (one per model): every talker's connector, read alike (else `connector` alone)
+    connectors: list[ConnectorSpec] = []
     lanes: int = 1                   # code2wav: decoder calls run at once (omni_tts.config.threads.code2wav_lanes)
     log_level: int = 20              # the omni_tts loggers' level in the stage process (logging.INFO)
     aligner: AlignerLaunch | None = None   # code2wav: the forced aligner to run on a thread of its process
@@ -268,4 +278,9 @@ class StageLaunch(msgspec.Struct):
 
     @property
     def config(self) -> TalkerStageConfig | Code2WavStageConfig:
-        return self.pipeline.stages.by_name()[self.stage]
+        return self.pipeline.stages.by_name()[stage_kind(self.stage)]
+
+    @property
+    def readers(self) -> list[ConnectorSpec]:
+        """code2wav: the connectors whose chunks it decodes."""
+        return self.connectors or [self.connector]

@@ -80,7 +80,7 @@ class TalkerStage:
 
     def run(self) -> None:
         self.writer.start()
-        self.io.send(Ready("talker", os.getpid()))
+        self.io.send(Ready(self.launch.stage, os.getpid()))
         while True:
             self.io.wait(lambda: self.voice_features.has_finished() or self.lora_reads.has_finished()
                          or self.engine.has_work())
@@ -88,6 +88,8 @@ class TalkerStage:
                 if isinstance(message, Shutdown):
                     self.voice_features.close()
                     self.lora_reads.close()
+                    if message.release_wait:
+                        self.writer.wait_released(message.release_wait)
                     self.writer.close()
                     self.io.close()
                     return
@@ -144,7 +146,7 @@ class TalkerStage:
         elif isinstance(message, GetStats):
             stats, connector = self.engine.stats(), self.writer.stats()
             self.io.send(StageStats(
-                "talker", os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(),
+                self.launch.stage, os.getpid(), stats.request_ids, self.engine.num_steps, time.process_time(),
                 self.step_durations,
                 prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
                 rows_waiting_for_text=stats.num_parked, connector_waiting=connector.pending,

@@ -170,7 +170,7 @@ def test_the_fused_process_fails_whole_names_the_stage_and_restarts(fault):
             os.kill(pids["talker"], signal.SIGKILL)
             return "talker"
         with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as sock:
-            sock.connect(f"ipc://{engine.supervisor._ipc_dir}/code2wav")
+            sock.connect(engine.supervisor._launches["code2wav"].command_address)
             sock.send(b"\xc1 not msgpack")
             sock.close(linger=1000)
         return "code2wav"

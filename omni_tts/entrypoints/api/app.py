@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from omni_tts.entrypoints.api.names import VoiceNames
 from omni_tts.entrypoints.api.openai_realtime import REALTIME_ROUTES
 from omni_tts.entrypoints.api.openapi import openapi_routes
 from omni_tts.entrypoints.api.playground import playground_routes
@@ -32,6 +31,7 @@ from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
 from .pronunciation.dictionary_routes import PRONUNCIATION_ROUTES
+from .served_models import served_models
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
 from .speech_batch import create_speech_batch
 from .speech_stream import speech_stream
@@ -51,11 +51,10 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares, handler_args=None)
     app[TTS], app[CONFIG] = tts, config
     # a --default-voice the checkpoint lacks raises ValueError (`omni-tts serve` refuses it before its stages start)
-    voice_names = VoiceNames(tts.config.tts_model_type, list(tts.config.talker.spk_id), config.default_voice,
-                             config.aliases.voices)
+    served_models(tts, config)
 
     async def shared_state(app: web.Application):
-        state = app[STATE] = ServerState(tts, config, voice_names, in_flight)
+        state = app[STATE] = ServerState(tts, config, in_flight)
         if config.aligner is not None:
             state.aligner = config.aligner
             await state.aligner.start()

@@ -8,6 +8,7 @@ from omni_tts.models.qwen3_tts.prompt import TASK_TYPES
 
 from .elevenlabs.voices import elevenlabs_models
 from .errors import is_elevenlabs_client, unavailable_message
+from .served_models import ServedModel
 from .state import STATE
 
 TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TYPES.items()}
@@ -15,18 +16,22 @@ TASK_TYPE_OF_MODEL = {model_type: task_type for task_type, model_type in TASK_TY
 
 async def list_models(request: web.Request) -> web.Response:
     """OpenAI's list (ElevenLabs' for its clients: elevenlabs/voices.py): one entry per name listed (names.py), the
-    primary first; `root` names the primary in each,
-    `task_type` and `languages` say what a request may ask of the checkpoint, and `random_weights` whether it is the
-    embedded tiny model, which speaks noise (the playground reads them)."""
+    default model's first; `root` names the model each name stands for (its first served name), `task_type`,
+    `languages` and `capabilities` (served_models.py) say what a request may ask of it, and `random_weights` whether
+    it is the embedded tiny model, which speaks noise (the playground reads them)."""
     state = request.app[STATE]
     if is_elevenlabs_client(request):   # the path is ElevenLabs' too: its clients get its list
         return web.json_response(elevenlabs_models(state))
-    names = state.config.model_names
-    checkpoint = {"task_type": TASK_TYPE_OF_MODEL[state.tts.config.tts_model_type],
-                  "languages": state.tts.prompts.languages, "random_weights": state.config.random_weights}
+    config = state.config
     return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": names[0]} | checkpoint
-        for name in names]})
+        _model_entry(name, state.models[config.model_of(config.served_model(name))], config.random_weights)
+        for name in config.model_names]})
+
+
+def _model_entry(name: str, model: ServedModel, random_weights: bool) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": model.name,
+            "task_type": TASK_TYPE_OF_MODEL[model.model_type], "languages": model.tts.prompts.languages,
+            "capabilities": model.capabilities(), "random_weights": random_weights}
 
 
 async def health(request: web.Request) -> web.Response:

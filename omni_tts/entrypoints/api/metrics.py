@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from omni_tts.stages.messages import DurationHistogram, StageStats
+from omni_tts.stages.messages import DurationHistogram, StageStats, stage_kind
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
@@ -68,7 +68,7 @@ class ServerMetrics:
             self.restarts.labels(name).inc(count - self._restarts_counted.get(name, 0))
             self._restarts_counted[name] = count
         self.stages.update(stats)
-        talkers = [s for key, s in stats.items() if stage_name(key) == "talker"]
+        talkers = [s for key, s in stats.items() if stage_kind(stage_name(key)) == "talker"]   # every model's
         if talkers:
             self.waiting_for_text.labels("prefill").set(sum(s.prompts_waiting_for_text for s in talkers))
             self.waiting_for_text.labels("row").set(sum(s.rows_waiting_for_text for s in talkers))
@@ -91,7 +91,8 @@ def error_kind(status: int) -> str:
 
 
 def stage_name(key: str) -> str:
-    """The stage of a stats key: `talker`, or `<replica>/talker` from one of several pipelines."""
+    """The stage of a stats key: `talker` (`talker:<model>`), or `<replica>/talker` from one of several
+    pipelines."""
     return key.rpartition("/")[2]
 
 

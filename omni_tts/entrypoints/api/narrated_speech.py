@@ -20,7 +20,8 @@ from .state import ServerState
 
 async def narration_plan(state: ServerState, options: SpeechOptions, text: str) -> list[Segment]:
     """The input's segments (one, the whole input, when it is within one): 400 for a start_segment past the end."""
-    segments = await state.run(plan_segments, state.tts.prompts, text, state.config.segment_chars)
+    prompts = state.served_model(options.model).tts.prompts
+    segments = await state.run(plan_segments, prompts, text, state.config.segment_chars)
     if options.start_segment >= max(1, len(segments)):
         raise ApiError(400, f"start_segment {options.start_segment} is past the input's last segment "
                             f"({len(segments) - 1})", "start_segment")
@@ -41,10 +42,10 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
     However the caller's block ends, every segment in flight ends."""
     if synthesis.ref_audio is not None and voice_version is None:
         voice_version = f"narration-{request_id}"   # the clip's features made once for all its segments
-    config = state.config
+    config, tts = state.config, state.served_model(options.model).tts
 
     def generate(request: SynthesisRequest, segment_id: str, return_codes: bool = False):
-        return state.tts.generate(request, request_id=segment_id, voice_version=voice_version,
+        return tts.generate(request, request_id=segment_id, voice_version=voice_version,
                                      initial_codec_chunk_frames=options.initial_codec_chunk_frames,
                                      first_audio_timeout=config.first_audio_timeout, timeout=config.request_timeout,
                                      return_codes=return_codes)
@@ -52,8 +53,8 @@ async def open_narration(state: ServerState, options: SpeechOptions, synthesis: 
     narration = Narration(generate, segment_template(synthesis), segments, request_id,
                           window=config.narration_window,
                           pauses=Pauses(options.sentence_pause_ms / 1000, options.paragraph_pause_ms / 1000),
-                          start_segment=options.start_segment, design_once=designs_its_voice(state.tts.config),
-                          ready=lambda: wait_until_serving(state.tts),
+                          start_segment=options.start_segment, design_once=designs_its_voice(tts.config),
+                          ready=lambda: wait_until_serving(tts),
                           on_event=lambda name: state.metrics.narration_segments.labels(name).inc())
     log = log or SpeechLog()
     log.segments_total = len(segments) - options.start_segment

@@ -20,6 +20,7 @@ from .narrated_file import respond_narrated_file
 from .narrated_speech import is_narrated, narration_plan, open_narration
 from .responders import Responder, respond_audio_stream, respond_sse, respond_whole
 from .state import STATE, ServerState
+from .served_models import wait_for_model
 from .synthesis import build_synthesis_request, check_speech, open_speech
 from .word_times import check_word_timestamps
 
@@ -101,6 +102,7 @@ async def _speak(request: web.Request, state: ServerState, speech: SpeechRequest
     """A pipeline error before the first audio (or before the last, for a whole file) is the answer: it propagates
     to error_middleware, which gives it its status (errors.api_error)."""
     log = request[SPEECH_LOG]
+    headers = headers | await wait_for_model(state.served_model(speech.model))
     if segments is None:
         opened = open_speech(state, speech, voice, request_id(request), admission)
     else:

@@ -44,7 +44,7 @@ from .narrated_speech import is_narrated, narration_plan
 from .responders import collect, encode_whole, record_usage, usage_json
 from .speech import read_body
 from .state import STATE, ServerState
-from .synthesis import check_model, check_speech, open_speech
+from .synthesis import check_speech, open_speech
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ async def create_speech_batch(request: web.Request) -> web.Response:
     log = request[SPEECH_LOG] = SpeechLog()
     batch, defaults, ignored = decode_batch(await read_body(request, state.config.body_read_timeout),
                                            state.config.strict_fields)
-    check_model(state, batch.model)  # a default every item would fail on: the batch's own 404
+    state.served_model(batch.model)  # a default every item would fail on: the batch's own 404
     share = MAX_BATCH_AUDIO_BYTES // len(batch.items)
     async with asyncio.TaskGroup() as group:  # created in order: the items take admission slots in order
         tasks = [group.create_task(_item(state, request_id(request), index, with_defaults(defaults, item), arrived,

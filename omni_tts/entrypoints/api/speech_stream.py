@@ -26,6 +26,7 @@ from omni_tts.entrypoints.api.schema import (ApiError, ClientMessage, InputCommi
                                            decode_speech_options, describe_fields)
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.orchestrator.types import SegmentEnd, SegmentStart, SpeechChunk
 
 from .access_log import SessionLog
@@ -230,6 +231,11 @@ class SpeechSession:
 
     def synthesis(self, text: str) -> SynthesisRequest:
         return dataclasses.replace(self.template, text=text)
+
+    @property
+    def tts(self) -> TTSClient:
+        """The client of the model the session's config names."""
+        return self.state.served_model(self.config.model).tts
 
     def generation_args(self) -> dict:
         config, server = self.config, self.state.config

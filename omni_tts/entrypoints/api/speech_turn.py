@@ -91,7 +91,7 @@ class SpeechTurn:
                 return
             text = self.text
             options, server = self.voice.options, self.state.config
-            self.stream = await self.state.tts.open_text_stream(
+            self.stream = await self.state.served_model(options.model).tts.open_text_stream(
                 dataclasses.replace(self.voice.template, text=""), request_id=self.request_id,
                 initial_codec_chunk_frames=options.initial_codec_chunk_frames, voice_version=self.voice.voice_version,
                 first_audio_timeout=server.first_audio_timeout, timeout=server.request_timeout,

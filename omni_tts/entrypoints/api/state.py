@@ -12,7 +12,6 @@ from aiohttp import web
 from omni_tts.audio.url_fetch import RemoteAudioFetcher
 from omni_tts.voices.array_lru import ArrayLRU
 from omni_tts.entrypoints.api.metrics import ServerMetrics
-from omni_tts.entrypoints.api.names import VoiceNames
 from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.voices.store import VoiceStore, VoiceStoreBackend
 from omni_tts.voices.manifest import VoicesWithManifest
@@ -21,6 +20,7 @@ from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.stages.messages import StageStats
 
 from .pronunciation.dictionaries import PronunciationDictionaries
+from .served_models import ServedModel, served_models
 from .server_config import ServerConfig
 from .in_flight import InFlight
 
@@ -36,8 +36,13 @@ class ServerState:
     `voice_writes`, at most MAX_VOICE_WRITES admitted (`voice_write_slot`): a held lock stalls neither an encoder
     nor a speech request's voice."""
 
-    def __init__(self, tts: TTSClient, config: ServerConfig, voice_names: VoiceNames, in_flight: InFlight) -> None:
-        self.tts, self.config, self.voice_names = tts, config, voice_names
+    def __init__(self, tts: TTSClient, config: ServerConfig, in_flight: InFlight) -> None:
+        """tts: the whole engine (health, stats); each model's own client is in `models`. ValueError for a
+        --default-voice the default model lacks."""
+        self.tts, self.config = tts, config
+        self.models = served_models(tts, config)
+        self.default_model = next(iter(self.models.values()))
+        self.voice_names = self.default_model.voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
         self.voice_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="omni-tts-voices")
@@ -55,6 +60,28 @@ class ServerState:
         self.in_flight = in_flight
         self.aligner: AlignerClient | None = None   # word timestamps; None: the server has no forced aligner
         self.pronunciation = PronunciationDictionaries(config.voices_dir, config.pronunciation)
+
+    def served_model(self, model: str | None) -> ServedModel:
+        """The model a request's `model` names (names.served_model; absent: the default), or 404 listing the
+        served names."""
+        if model is None:
+            return self.default_model
+        served = self.config.served_model(model)
+        if served is None:
+            raise ApiError(404, f"model '{model}' is not served here; available: {', '.join(self.config.model_names)}, "
+                                "or an alias (ElevenLabs', DashScope's and OpenAI Realtime's model names)", "model",
+                           "model_not_found")
+        return self.models[self.config.model_of(served)]
+
+    @property
+    def clone_model(self) -> ServedModel:
+        """The model uploaded voices are made with (their x-vectors, their checks): the first Base model (a clip
+        voice serves every Base model: they share the speaker encoder's input), else the default."""
+        return next(iter(self.models_of_type("base")), self.default_model)
+
+    def models_of_type(self, model_type: str) -> list[ServedModel]:
+        """The served models of a kind (custom_voice, voice_design, base), the default first."""
+        return [model for model in self.models.values() if model.model_type == model_type]
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` in the audio pool."""

@@ -32,24 +32,12 @@ def check_output(options: SpeechOptions, streaming: bool) -> None:
                             "utterance); send a non-streaming request to change the speed", "speed")
 
 
-def check_model(state: ServerState, model: str | None) -> str:
-    """The served model a request's `model` stands for (names.served_model; absent: the primary), or 404."""
-    if model is None:
-        return state.config.served_model_names[0]
-    served = state.config.served_model(model)
-    if served is None:
-        raise ApiError(404, f"model '{model}' is not served here; available: {', '.join(state.config.model_names)}, "
-                            "or an alias (ElevenLabs', DashScope's and OpenAI Realtime's model names)", "model",
-                       "model_not_found")
-    return served
-
-
 async def check_speech_request(state: ServerState, speech: SpeechOptions) -> VoiceChoice:
     """What can be refused without work, before admission: the model name, the voice (one decision, names.py) and
     the fields this checkpoint cannot take. Whether the voice is an uploaded one is asked of the store in its read
     pool: a file system's stat may hang (NFS), never the event loop."""
-    check_model(state, speech.model)
-    config = state.tts.config
+    model = state.served_model(speech.model)
+    config = model.config
     if speech.instructions and config.tts_model_type == "custom_voice" and config.tts_model_size == "0b6":
         raise ApiError(400, "instructions are not supported by 0.6B CustomVoice checkpoints", "instructions")
     if speech.ref_audio is not None and config.tts_model_type != "base":
@@ -65,10 +53,10 @@ async def check_speech_request(state: ServerState, speech: SpeechOptions) -> Voi
     name, voices = speech.voice_name, state.voices
     uploaded = set()
     if voices is not None:   # the name, and the uploaded voice it may be an alias of
-        for candidate in {n for n in (name, state.voice_names.alias(name)) if n is not None}:
+        for candidate in {n for n in (name, model.voice_names.alias(name)) if n is not None}:
             if await state.run_voices(voices.__contains__, candidate):
                 uploaded.add(candidate)
-    voice = state.voice_names.choose(name, reference, uploaded.__contains__)
+    voice = model.voice_names.choose(name, reference, uploaded.__contains__)
     pronunciation_lexicon(state, speech, voice)   # a locator that finds nothing is refused here
     return voice
 
@@ -113,7 +101,8 @@ async def build_synthesis_request(state: ServerState, speech: SpeechOptions, voi
         record, loaded_voice = loaded
         if record.embedding_dim is not None:  # a voice saved as an x-vector: no clip, so no ICL
             try:
-                embedding = check_speaker_embedding(state.tts.config, loaded_voice, ref_audio=False,
+                config = state.served_model(speech.model).config
+                embedding = check_speaker_embedding(config, loaded_voice, ref_audio=False,
                                                     ref_text=bool((ref_text or "").strip()))
             except RequestError as e:
                 raise ApiError(400, f"voice '{record.name}' is a speaker embedding: {e}", "voice") from None
@@ -140,7 +129,7 @@ async def open_speech(state: ServerState, speech: SpeechRequest, voice: VoiceCho
     stream = None
     try:
         synthesis, voice_version = await build_synthesis_request(state, speech, voice, speech.input)
-        stream = state.tts.generate(synthesis, request_id=request_id,
+        stream = state.served_model(speech.model).tts.generate(synthesis, request_id=request_id,
                                        initial_codec_chunk_frames=speech.initial_codec_chunk_frames,
                                        voice_version=voice_version,
                                        first_audio_timeout=state.config.first_audio_timeout,

@@ -56,7 +56,7 @@ class TokenUtterance:
                 return  # whitespace before the first word tokenizes with it: it waits
             session = self.session
             self.admission = Admission(session.state).__enter__()
-            self.stream = await session.state.tts.open_text_stream(
+            self.stream = await session.tts.open_text_stream(
                 session.synthesis(""), idle_timeout=session.state.config.stream_idle_timeout + TEXT_IDLE_MARGIN_S,
                 **session.generation_args())
             self.sender = asyncio.create_task(self._send_audio(self.admission))
@@ -122,7 +122,7 @@ class SplitUtterance:
         check_text_length(text)
         session = self.session
         with Admission(session.state) as admission:
-            chunks = session.state.tts.generate(session.synthesis(text), **session.generation_args())
+            chunks = session.tts.generate(session.synthesis(text), **session.generation_args())
             try:
                 await session.send_audio(chunks, self.num_requests, lambda: text, admission)
             finally:

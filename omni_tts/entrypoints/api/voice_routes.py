@@ -26,7 +26,7 @@ def voice_store(state: ServerState) -> VoiceStoreBackend:
 
 def _embedding_dim(state: ServerState) -> int | None:
     """The length of the x-vectors the served checkpoint's speaker encoder gives (Base only)."""
-    encoder = state.tts.config.speaker_encoder
+    encoder = state.clone_model.config.speaker_encoder
     return encoder.enc_dim if encoder is not None else None
 
 
@@ -37,7 +37,8 @@ async def list_voices(request: web.Request) -> web.Response:
     dim = _embedding_dim(state)
     uploaded = [v.to_json(dim) for v in await state.run_voices(state.voices.list)] if state.voices else []
     body = {"object": "list", "data": uploaded, "uploaded_voices": uploaded,
-            "voices": sorted(state.voice_names.speakers + [v["name"] for v in uploaded])}
+            "voices": sorted({speaker for model in state.models.values() for speaker in model.voice_names.speakers}
+                             | {v["name"] for v in uploaded})}
     if state.voice_names.aliases:
         body["voice_aliases"] = state.voice_names.aliases
     return web.json_response(body)
@@ -46,7 +47,7 @@ async def list_voices(request: web.Request) -> web.Response:
 async def upload_voice(request: web.Request) -> web.Response:
     state = request.app[STATE]
     store = voice_store(state)
-    if state.tts.config.tts_model_type != "base":
+    if state.clone_model.model_type != "base":
         raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
     with state.voice_write_slot():
         record = await add_voice(state, store, await read_voice_form(request, store.max_bytes))
@@ -58,7 +59,7 @@ async def add_voice(state: ServerState, store: VoiceStoreBackend, form: VoiceUpl
     """Store the voice `form` gives (call it under a write slot), or ApiError naming the field."""
     try:
         if form.speaker_embedding is not None:
-            vector = check_speaker_embedding(state.tts.config, form.speaker_embedding, ref_audio=False,
+            vector = check_speaker_embedding(state.clone_model.config, form.speaker_embedding, ref_audio=False,
                                              ref_text=bool((form.ref_text or "").strip()))
             record = await state.write_voices(store.add_embedding, form.name, vector, form.consent,
                                               form.speaker_description)
@@ -111,7 +112,7 @@ async def voice_embedding(request: web.Request) -> web.Response:
         vector = state.voice_embeddings.get(record.voice_version)
         if vector is None:  # pipeline errors (a stage down: 503) reach error_middleware
             try:
-                vector = await state.tts.embed_voice(voice, record.voice_version)
+                vector = await state.clone_model.tts.embed_voice(voice, record.voice_version)
             except RequestError as e:  # the speaker encoder refuses the voice's clip
                 raise ApiError(400, f"voice '{record.name}': {e}", "name") from None
             state.voice_embeddings.put(record.voice_version, vector)

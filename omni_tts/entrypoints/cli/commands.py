@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 from omni_tts import package_version
 from omni_tts.config import available_stage_configs
 from omni_tts.config.options import add_options, check_bounds, from_options
+from omni_tts.entrypoints.cli.model_arguments import model_arguments
 from omni_tts.config.settings import ApiSettings, ListenerSettings, NarrationSettings, SupervisionSettings
 from omni_tts.entrypoints.cli.serve import local_pipeline, print_error, serve
 from omni_tts.log import LOG_LEVELS, configure_logging
@@ -151,7 +152,15 @@ def _add_serve_ray(sub: argparse._SubParsersAction) -> None:
 def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     """What `serve` and `serve-ray` share: the model, where to listen, the HTTP API's options (settings stated in
     config/settings.py) and each pipeline's supervision."""
-    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--model", action="append", metavar="[NAME[,NAME...]=]MODEL",
+                   help=f"{MODEL_HELP}; repeat it to serve several models (`serve`), the first the default, each "
+                        "request choosing by its `model`")
+    p.add_argument("--models", metavar="FILE", dest="models_file",
+                   help="more models to serve, after --model's: a YAML or JSON file {\"models\": [{\"model\", "
+                        "\"served_model_name\"?}]} (default: none)")
+    p.add_argument("--idle-unload", type=float, metavar="SECONDS",
+                   help="a model without requests for this long has its talker unloaded; its next request loads it "
+                        "again (and waits for it) (default: never)")
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
     add_options(p, ListenerSettings)
@@ -227,6 +236,10 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
 
     for settings in (ListenerSettings, ApiSettings, SupervisionSettings):
         check_bounds(from_options(settings, args))
+    args.models = model_arguments(args)
+    args.model = args.models[0].model   # the default model, as a one-model option reads it
+    if args.idle_unload is not None and not args.idle_unload > 0:
+        raise ValueError(f"--idle-unload must be > 0 seconds, got {args.idle_unload}")
     allowed_hosts = [h for entry in args.ref_audio_allowed_hosts for h in entry.split(",") if h.strip()]
     if allowed_hosts and not args.allow_remote_ref_audio:
         raise ValueError("--ref-audio-allowed-hosts needs --allow-remote-ref-audio")

@@ -100,16 +100,22 @@ def local_pipeline(listener: socket.socket, args: argparse.Namespace,
         from omni_tts.config.settings import SupervisionSettings
         from omni_tts.orchestrator.async_tts import AsyncTTS
 
+        from omni_tts.orchestrator.model_layout import ServedCheckpoint
+
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
-        config = server_config(args, names, ref_audio_urls, model_dir)  # before the stages: a bad option stops it
-        tts = AsyncTTS(model_dir, pipeline, supervision=from_options(SupervisionSettings, args))
+        more = load_more_models(args, names)
+        # before the stages: a bad option stops it
+        config = server_config(args, names, ref_audio_urls, model_dir, tuple(more_names for more_names, _ in more))
+        models = [ServedCheckpoint(names[0], model_dir)] + [ServedCheckpoint(n[0], d) for n, d in more]
+        tts = AsyncTTS(models, pipeline, supervision=from_options(SupervisionSettings, args),
+                       idle_unload=args.idle_unload)
         config.aligner = forced_aligner(args, tts)   # before the stages start: code2wav's may run it
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
         tts.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
         url = listener_url(listener)
-        logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(), model_dir,
-                    stage_config, url)
-        return tts, config, ready_line(tts, model_dir, names, url, config.random_weights)
+        logger.info("omni-tts %s: loading %s (stage config %s) to serve at %s", package_version(),
+                    ", ".join(model.model_dir for model in models), stage_config, url)
+        return tts, config, ready_line(tts, [(names, model_dir), *more], url, config.random_weights)
 
     yield load
 
@@ -120,8 +126,26 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[str, str, PipelineConfig,
     from omni_tts.entrypoints.api.names import default_served_model_name
 
     model_dir, stage_config, pipeline = load_pipeline(args)
-    names = tuple(args.served_model_name or [default_served_model_name(args.model, model_dir)])
+    names = args.models[0].names or (default_served_model_name(args.model, model_dir),)
     return model_dir, stage_config, pipeline, names
+
+
+def load_more_models(args: argparse.Namespace, names: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+    """The served names and checkpoint directory of each model after the default (`names`: its names);
+    ValueError for a name two models share."""
+    from omni_tts.entrypoints.api.names import default_served_model_name
+    from omni_tts.models.qwen3_tts.weights import resolve_model_dir
+
+    more, taken = [], set(names)
+    for entry in args.models[1:]:
+        model_dir = resolve_model_dir(entry.model)
+        served = entry.names or (default_served_model_name(entry.model, model_dir),)
+        if taken & set(served):
+            raise ValueError(f"--model {entry.model}: the name {sorted(taken & set(served))[0]!r} is another "
+                             "model's already; name it (NAME=MODEL)")
+        taken |= set(served)
+        more.append((served, model_dir))
+    return more
 
 
 def load_pipeline(args: argparse.Namespace) -> tuple[str, str, PipelineConfig]:
@@ -192,9 +216,10 @@ def _prepare_server_process() -> None:
 
 
 def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_urls: UrlPolicy | None,
-                  model_dir: str) -> ServerConfig:
-    """The app's config; ValueError (one line) for a --default-voice the checkpoint lacks, a bad --voices-manifest
-    or --aliases file: read from the checkpoint's config, before any stage starts."""
+                  model_dir: str, more_models: tuple[tuple[str, ...], ...] = ()) -> ServerConfig:
+    """The app's config (`names`: the default model's served names, `model_dir` its checkpoint; `more_models`: the
+    other models' served names); ValueError (one line) for a --default-voice the checkpoint lacks, a bad
+    --voices-manifest or --aliases file: read from the checkpoint's config, before any stage starts."""
     from omni_tts.config.options import from_options
     from omni_tts.entrypoints.api.aliases import AliasFile, load_aliases
     from omni_tts.entrypoints.api.names import VoiceNames
@@ -204,12 +229,14 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
 
     checkpoint = Qwen3TTSConfig.load(model_dir)
     speakers = list(checkpoint.talker.spk_id)
-    aliases = (load_aliases(args.aliases, checkpoint.tts_model_type, speakers, names) if args.aliases else
+    every_name = names + tuple(name for more in more_models for name in more)
+    aliases = (load_aliases(args.aliases, checkpoint.tts_model_type, speakers, every_name) if args.aliases else
                AliasFile())
     VoiceNames(checkpoint.tts_model_type, speakers, args.default_voice, aliases.voices)
     manifest = load_voices_manifest(args.voices_manifest, checkpoint) if args.voices_manifest else None
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
-    return from_options(ServerConfig, args, served_model_names=names, voices_manifest=manifest, aliases=aliases,
+    return from_options(ServerConfig, args, served_model_names=names, more_models=more_models,
+                        voices_manifest=manifest, aliases=aliases,
                         ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args),
                         pronunciation=server_lexicons(args, checkpoint))
 
@@ -248,14 +275,18 @@ def listener_url(listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def ready_line(tts: AsyncTTS, model_dir: str, served_model_names: tuple[str, ...], url: str,
-               random_weights: bool) -> str:
+def ready_line(tts: AsyncTTS, models: list[tuple[tuple[str, ...], str]], url: str, random_weights: bool) -> str:
+    """models: each model's served names and checkpoint directory, the default first."""
     stages = "; ".join(
         f"{name} on {cfg.device} ({cfg.dtype}, max batch {tts.batch_sizes[name]}, "
         f"{tts.threads[name]} torch thread{'s' if tts.threads[name] > 1 else ''})"
         for name, cfg in tts.pipeline.stages.by_name().items())
-    names = quoted_names(served_model_names)
-    return with_random_weights_note(f"ready: serving {model_dir} as {names} at {url}; {stages}", random_weights)
+    served = ", ".join(f"{model_dir} as {quoted_names(names)}" for names, model_dir in models)
+    shared = ""
+    if len(models) > 1:
+        layout = tts.layout
+        shared = f" ({len(layout.talkers)} talkers, {len(layout.decoders)} code2wav)"
+    return with_random_weights_note(f"ready: serving {served} at {url}{shared}; {stages}", random_weights)
 
 
 def with_random_weights_note(ready: str, random_weights: bool) -> str:

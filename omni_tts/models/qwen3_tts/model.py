@@ -1,11 +1,13 @@
 """A loaded Qwen3-TTS-12Hz checkpoint: its configs and modules, request tokenizing and Base voice features."""
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from .audio import SAMPLE_RATE, load_audio, resample_to
@@ -73,6 +75,20 @@ def load_speech_decoder(model_dir: str, device: torch.device | str = "cpu",
                                    with_encoder=False, with_decoder=True)
     assert speech.decoder is not None
     return speech.decoder
+
+
+def decoder_fingerprint(model_dir: str) -> str:
+    """A content hash of the checkpoint's speech decoder: its config and its `decoder.*` tensors (names, dtypes,
+    shapes, bytes). Every Qwen3-TTS-12Hz model ships the same decoder, so checkpoints with equal fingerprints can share
+    one code2wav stage; the file's hash would not do (a Base checkpoint's file holds the speech encoder too)."""
+    digest = hashlib.sha256(repr(SpeechTokenizerConfig.load(model_dir).decoder).encode())
+    for path in safetensors_files(os.path.join(model_dir, "speech_tokenizer")):
+        with safe_open(path, framework="pt") as f:
+            for key in sorted(k for k in f.keys() if k.startswith("decoder.")):
+                tensor = f.get_tensor(key)
+                digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+                digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 class Qwen3TTS:

@@ -79,7 +79,7 @@ def language_of(state: ServerState, language_type: str | None) -> str | None:
     if language_type is None or language_type.strip().lower() == "auto":
         return None
     language = language_type.strip().lower()
-    languages = state.tts.prompts.languages
+    languages = state.default_model.tts.prompts.languages
     if language not in languages:
         raise ApiError(400, f"unsupported language_type '{language_type}'; supported: "
                             f"{', '.join(name.capitalize() for name in languages)}", "language_type")

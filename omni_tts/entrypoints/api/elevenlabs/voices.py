@@ -87,9 +87,9 @@ async def add_cloned_voice(request: web.Request) -> web.Response:
     """An instant clone (`voices.ivc.create`): the first clip becomes an uploaded voice, x-vector only (no
     transcript comes with it), named after `name` (the characters a voice name cannot hold become '_')."""
     state = request.app[STATE]
-    if state.tts.config.tts_model_type != "base":
+    if state.clone_model.model_type != "base":
         raise ApiError(400, f"instant voice cloning needs a Base (voice clone) model; this server serves a "
-                            f"{state.tts.config.tts_model_type} one", "files")
+                            f"{state.clone_model.model_type} one", "files")
     store = voice_store(state)
     with state.voice_write_slot():
         form = await read_voice_form(request, store.max_bytes, _CLONE_FIELDS, _CLONE_IGNORED, _CLONE_FORM)
@@ -116,12 +116,12 @@ def elevenlabs_models(state: ServerState) -> list[dict]:
     """ElevenLabs' `Model` list: the served names, then the ElevenLabs model names of the alias table (not its
     patterns)."""
     config = state.config
-    names = [*config.served_model_names,
+    names = [*config.all_served_names,
              *(name for name in (*DEFAULT_MODEL_ALIASES, *config.aliases.models)
                if name.startswith("eleven_") and not name.endswith("*"))]
     codes = {name: code for code, name in LANGUAGES.items()}
     languages = [{"language_id": codes.get(name, name), "name": name.capitalize()}
-                 for name in state.tts.prompts.languages if name != "auto"]
+                 for name in state.default_model.tts.prompts.languages if name != "auto"]
     return [{"model_id": name, "name": name, "description": f"served by omni-tts as {config.served_model(name)}",
              "can_do_text_to_speech": True, "can_do_voice_conversion": False, "can_be_finetuned": False,
              "can_use_style": False, "can_use_speaker_boost": False, "serves_pro_voices": False,

@@ -24,18 +24,17 @@ OUR_FORMATS = {"audio/pcm": "pcm", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
-def style_prompt(state: ServerState, instructions: str | None) -> tuple[str | None, bool]:
-    """What `instructions` make of a response's style: (the style prompt, whether instructions were left that the
-    checkpoint cannot take). Sentences the verbatim pattern matches are dropped; None when nothing is left."""
+def style_prompt(state: ServerState, instructions: str | None, model: str | None) -> tuple[str | None, bool]:
+    """What `instructions` make of a response's style on `model`: (the style prompt, whether instructions were left
+    that the checkpoint cannot take). Sentences the verbatim pattern matches are dropped; None when nothing is
+    left."""
     if not instructions:
         return None, False
     verbatim = re.compile(state.config.realtime_verbatim_pattern, re.IGNORECASE)
     kept = [s for s in SENTENCE_END.split(instructions.strip()) if s and not (verbatim.pattern and verbatim.search(s))]
     style = " ".join(kept) or None
-    config = state.tts.config
-    # Qwen3-TTS speaks with an instruct prompt on CustomVoice 1.7B and VoiceDesign; Base and 0.6B CustomVoice take none
-    takes = config.tts_model_type == "voice_design" or (config.tts_model_type == "custom_voice" and
-                                                       config.tts_model_size != "0b6")
+    served = state.config.served_model(model) if model else None   # an unknown model is refused with the speech
+    takes = (state.models[state.config.model_of(served)] if served else state.default_model).takes_instructions
     return (style, False) if takes or style is None else (None, True)
 
 
@@ -95,7 +94,7 @@ class RealtimeSession:
             fields.max_output_tokens
         temperature = response.temperature if response and response.temperature is not None else fields.temperature
         ignored = self.ignored(state)
-        style, unused = style_prompt(state, instructions)
+        style, unused = style_prompt(state, instructions, fields.model or self.model)
         if unused and "instructions" not in ignored:
             ignored.append("instructions")
         # the model the client named (an alias, e.g. gpt-realtime-2.1-mini, stands for the served one: names.py)
@@ -115,7 +114,7 @@ class RealtimeSession:
         speed = self.output(None).speed
         if speed is not None and speed != 1.0:
             names.append("audio.output.speed")
-        if style_prompt(state, fields.instructions)[1]:
+        if style_prompt(state, fields.instructions, fields.model or self.model)[1]:
             names.append("instructions")
         return names
 
@@ -132,7 +131,7 @@ class RealtimeSession:
                                  "speed": output.speed or 1.0}},
             "max_output_tokens": fields.max_output_tokens or "inf", "tools": [], "tool_choice": "auto",
             "tracing": None, "truncation": "auto", "prompt": None, "include": None,
-            "omni_tts": {"style_instructions": style_prompt(state, fields.instructions)[0],
+            "omni_tts": {"style_instructions": style_prompt(state, fields.instructions, fields.model or self.model)[0],
                          "ignored_fields": self.ignored(state)}}
         if fields.temperature is not None:
             session["temperature"] = fields.temperature

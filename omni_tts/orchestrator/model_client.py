@@ -1,0 +1,84 @@
+"""One model of a server of several: the TTSClient the HTTP layer uses for a request that named
+it, its checkpoint's config and prompts, every request sent as that model's."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import numpy as np
+
+from omni_tts.config.settings import ApiSettings
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, SynthesisRequest
+from omni_tts.stages.messages import StageStats
+
+from .async_tts import AsyncTTS, TextStream
+from .types import SpeechChunk
+
+
+class ModelClient:
+    def __init__(self, engine: AsyncTTS, name: str) -> None:
+        """name: one of the engine's models (KeyError otherwise)."""
+        self.engine, self.name, self.processor = engine, name, engine.processors[name]
+
+    @property
+    def config(self) -> Qwen3TTSConfig:
+        return self.processor.config
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        return self.processor.prompts
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.engine.is_healthy
+
+    @property
+    def down(self) -> str | None:
+        return self.engine.down
+
+    @property
+    def down_reason(self) -> str | None:
+        return self.engine.down_reason
+
+    @property
+    def fatal(self) -> str | None:
+        return self.engine.fatal
+
+    @property
+    def restarts(self) -> Mapping[str, int]:
+        return self.engine.restarts
+
+    def is_loaded(self) -> bool:
+        """Its talker runs now (an idle model's may be unloaded)."""
+        return self.engine.is_loaded(self.name)
+
+    async def load_model(self) -> float:
+        """Returns once its talker runs: the seconds waited for a load (0.0 when it ran)."""
+        return await self.engine.load_model(self.name)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+    def generate(self, request: SynthesisRequest, request_id: str | None = None,
+                 initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
+                 first_audio_timeout: float | None = None, timeout: float | None = None,
+                 return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
+        return self.engine.generate(request, request_id, initial_codec_chunk_frames, voice_version,
+                                    first_audio_timeout, timeout, return_codes, model=self.name)
+
+    async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
+                               initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
+                               first_audio_timeout: float | None = None, timeout: float | None = None,
+                               idle_timeout: float = ApiSettings.stream_idle_timeout) -> TextStream:
+        return await self.engine.open_text_stream(request, request_id, initial_codec_chunk_frames, voice_version,
+                                                  first_audio_timeout, timeout, idle_timeout, model=self.name)
+
+    async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
+                          timeout: float = 60.0) -> np.ndarray:
+        return await self.engine.embed_voice(ref_audio, voice_version, timeout, model=self.name)
+
+    async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
+        return await self.engine.stats(timeout)
