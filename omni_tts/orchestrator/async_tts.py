@@ -37,6 +37,7 @@ from omni_tts.models.qwen3_tts.text_tokenizer import EMPTY_INPUT, split_template
 from omni_tts.stages.messages import AddRequest, AppendText, StageStats
 
 from .input_processor import InputProcessor
+from .lora_adapters import LoRAAdapters
 from .model_layout import ServedCheckpoint, plan_layout
 from .model_loads import ModelLoads
 from .stage_client import RequestState, StageClient
@@ -46,11 +47,12 @@ from .types import SpeechChunk
 class AsyncTTS:
     def __init__(self, model_dir: str | Sequence[ServedCheckpoint], pipeline: PipelineConfig,
                  supervision: SupervisionSettings = SupervisionSettings(), max_buffered_seconds: float = 60.0,
-                 cpus: int | None = None, idle_unload: float | None = None) -> None:
+                 cpus: int | None = None, idle_unload: float | None = None, loras: Mapping[str, str] = {}) -> None:
         """model_dir: the checkpoint, or several models (the first is the default). supervision: how the stages are
         watched and restarted, and when the engine gives up. max_buffered_seconds: audio a consumer may leave
         unread before its request fails. cpus: the cores the CPU stages' threads share (default: those this process
-        may run on). idle_unload: seconds after which an idle model's talker is unloaded (None: never)."""
+        may run on). idle_unload: seconds after which an idle model's talker is unloaded (None: never). loras: the
+        LoRA adapters (name → PEFT directory) the default model's talker loads at start-up (`adapters` loads more)."""
         self.models = ([ServedCheckpoint(os.path.basename(os.path.abspath(model_dir)), model_dir)]
                        if isinstance(model_dir, str) else list(model_dir))
         self.model_dir, self.pipeline = self.models[0].model_dir, pipeline
@@ -65,6 +67,9 @@ class AsyncTTS:
                                   max_buffered_seconds, cpus)
         self.supervisor = self.client.supervisor
         self.loads = ModelLoads(self.client, idle_unload)
+        self.adapters = LoRAAdapters(self.client, self.loads, self.layout)
+        for name, path in loras.items():
+            self.adapters.add_at_start(name, path, self.models[0].name)
         self.threads, self.batch_sizes = self.supervisor.threads, self.supervisor.batch_sizes
 
     # --- what callers read ----------------------------------------------------------------------------------
@@ -177,7 +182,8 @@ class AsyncTTS:
     async def generate(self, request: SynthesisRequest, request_id: str | None = None,
                        initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                        first_audio_timeout: float | None = None, timeout: float | None = None,
-                       return_codes: bool = False, model: str | None = None) -> AsyncIterator[SpeechChunk]:
+                       return_codes: bool = False, model: str | None = None,
+                       lora: str | None = None) -> AsyncIterator[SpeechChunk]:
         """Stream one request's audio. RequestError for bad input (before anything runs), StageDeadError or
         RequestFailed if it cannot finish, RequestTimedOut past `first_audio_timeout` / `timeout` seconds from the
         call (the request is then aborted). Closing or cancelling the iterator aborts the request everywhere.
@@ -186,10 +192,10 @@ class AsyncTTS:
         features under it, so the same version must never stand for other audio. return_codes: the last chunk
         carries the generated codes (`SpeechChunk.codes`), e.g. to clone this voice by ICL in a later request
         (`SynthesisRequest.ref_codes`, with this request's text as ref_text). model: the served model's name (the
-        first by default)."""
+        first by default); lora: one of its LoRA adapters to run with."""
         started = asyncio.get_running_loop().time()
         add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=False,
-                                  return_codes=return_codes, model=model)
+                                  return_codes=return_codes, model=model, lora=lora)
         state = self.client.add(add.request_id, len(add.prompt.text_ids), self._talker(model))
         chunks = self.client.outputs(state)
         try:
@@ -210,7 +216,7 @@ class AsyncTTS:
                                initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = ApiSettings.stream_idle_timeout,
-                               model: str | None = None) -> "TextStream":
+                               model: str | None = None, lora: str | None = None) -> "TextStream":
         """A request whose text arrives in pieces (request.text is ignored): `append` the text as it comes,
         `finish` it, and iterate the stream for the audio, as from `generate`, which it equals for the whole text
         in the streaming layout (non_streaming_mode None or False). The arguments are `generate`'s;
@@ -218,7 +224,7 @@ class AsyncTTS:
         for idle_timeout seconds before `finish`. RequestError for bad input; close it to abort."""
         started = asyncio.get_running_loop().time()
         add = await self._prepare(request, request_id, initial_codec_chunk_frames, voice_version, text_open=True,
-                                  model=model)
+                                  model=model, lora=lora)
         state = self.client.add(add.request_id, 0, self._talker(model))
         if timeout is not None:
             self.client.set_deadline(state, "end", started + timeout,
@@ -249,14 +255,16 @@ class AsyncTTS:
 
     async def _prepare(self, request: SynthesisRequest, request_id: str | None,
                        initial_codec_chunk_frames: int | None, voice_version: str | None, text_open: bool,
-                       return_codes: bool = False, model: str | None = None) -> AddRequest:
+                       return_codes: bool = False, model: str | None = None, lora: str | None = None) -> AddRequest:
         """The request for its model's talker, which runs once this returns: the caller registers the request at
         once (no await between), so an idle unload cannot come between (model_loads.py)."""
         self.supervisor.check_alive()
         rid = request_id or uuid.uuid4().hex
         self._check_new(rid)
+        self.adapters.check(lora, self._model_name(model))
         add = await self._processor(model).process(rid, request, text_open, initial_codec_chunk_frames,
                                                    voice_version, return_codes)
+        add.lora = lora
         await self.loads.ready(self._talker(model))
         self.supervisor.check_alive()
         self._check_new(rid)

@@ -16,9 +16,9 @@ from .types import SpeechChunk
 
 
 class ModelClient:
-    def __init__(self, engine: AsyncTTS, name: str) -> None:
-        """name: one of the engine's models (KeyError otherwise)."""
-        self.engine, self.name, self.processor = engine, name, engine.processors[name]
+    def __init__(self, engine: AsyncTTS, name: str, lora: str | None = None) -> None:
+        """name: one of the engine's models (KeyError otherwise); lora: one of its adapters, every request's."""
+        self.engine, self.name, self.processor, self.lora = engine, name, engine.processors[name], lora
 
     @property
     def config(self) -> Qwen3TTSConfig:
@@ -67,14 +67,15 @@ class ModelClient:
                  first_audio_timeout: float | None = None, timeout: float | None = None,
                  return_codes: bool = False) -> AsyncIterator[SpeechChunk]:
         return self.engine.generate(request, request_id, initial_codec_chunk_frames, voice_version,
-                                    first_audio_timeout, timeout, return_codes, model=self.name)
+                                    first_audio_timeout, timeout, return_codes, model=self.name, lora=self.lora)
 
     async def open_text_stream(self, request: SynthesisRequest, request_id: str | None = None,
                                initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
                                first_audio_timeout: float | None = None, timeout: float | None = None,
                                idle_timeout: float = ApiSettings.stream_idle_timeout) -> TextStream:
         return await self.engine.open_text_stream(request, request_id, initial_codec_chunk_frames, voice_version,
-                                                  first_audio_timeout, timeout, idle_timeout, model=self.name)
+                                                  first_audio_timeout, timeout, idle_timeout, model=self.name,
+                                                  lora=self.lora)
 
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
                           timeout: float = 60.0) -> np.ndarray:

@@ -46,5 +46,6 @@ def plan_layout(models: Sequence[ServedCheckpoint]) -> PipelineLayout:
         if fingerprint not in by_fingerprint:
             code2wav = "code2wav" if not decoders else f"code2wav:{model.name}"
             by_fingerprint[fingerprint], decoders[code2wav] = code2wav, model.model_dir
-        talkers[talker], decoder_of[talker], talker_of[model.name] = model.model_dir, by_fingerprint[fingerprint], talker
+        talkers[talker], talker_of[model.name] = model.model_dir, talker
+        decoder_of[talker] = by_fingerprint[fingerprint]
     return PipelineLayout(talkers, decoders, decoder_of, talker_of)

@@ -18,9 +18,10 @@ import numpy as np
 from omni_tts.config import PipelineConfig
 from omni_tts.config.settings import SupervisionSettings
 from omni_tts.models.qwen3_tts.audio import SAMPLE_RATE
-from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, Ready,
-                                      Register, StageCommand, StageEvent, StageFailed, StageStats, TalkerDone,
-                                      VoiceEmbedding)
+from omni_tts.models.qwen3_tts.prompt import RequestError
+from omni_tts.stages.messages import (Abort, AddRequest, AudioEvent, EmbedVoice, GetStats, Heartbeat, LoadLoRA,
+                                      LoRALoaded, LoRAUnloaded, Ready, Register, StageCommand, StageEvent,
+                                      StageFailed, StageStats, TalkerDone, UnloadLoRA, VoiceEmbedding)
 
 from .model_layout import PipelineLayout
 from .supervisor import StageSupervisor
@@ -57,6 +58,7 @@ class StageClient:
         self._stats: dict[str, asyncio.Future] = {}     # stage → its StageStats, for the round trip in flight
         self._stats_round: asyncio.Future | None = None   # that round trip, which concurrent stats() calls share
         self._embeddings: dict[str, asyncio.Future] = {}   # EmbedVoice id → its answer
+        self._lora_answers: dict[tuple[str, str], asyncio.Future] = {}   # (LoadLoRA | UnloadLoRA, name) → its answer
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(StageEvent)
 
@@ -160,7 +162,7 @@ class StageClient:
             self._cancel_deadlines(state)
             state.queue.put_nowait(error)
         self.requests.clear()
-        for waiter in (*self._embeddings.values(), *self._stats.values()):
+        for waiter in (*self._embeddings.values(), *self._stats.values(), *self._lora_answers.values()):
             if not waiter.done():
                 waiter.set_exception(error)
 
@@ -178,6 +180,23 @@ class StageClient:
             raise RequestTimedOut(f"the speaker embedding took over {timeout:g} s", before_first_audio=True) from None
         finally:
             del self._embeddings[command.request_id]
+
+    async def change_lora(self, talker: str, command: LoadLoRA | UnloadLoRA, timeout: float) -> None:
+        """Load or unload an adapter in `talker` and wait for its answer: RequestError (bad input, naming
+        `lora_name` or `lora_path`) when it refuses, StageDeadError when the pipeline fails meanwhile,
+        RequestTimedOut past `timeout` seconds."""
+        self.supervisor.check_alive()
+        key = (type(command).__name__, command.name)
+        if key in self._lora_answers:
+            raise RequestError("lora_name", f"adapter '{command.name}' is being changed already")
+        waiter = self._lora_answers[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self.supervisor.send(talker, self._encoder.encode(command), self.supervisor.epoch)
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimedOut(f"the adapter's change took over {timeout:g} s", before_first_audio=True) from None
+        finally:
+            del self._lora_answers[key]
 
     async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
         """Ask both stages for their live request ids, step counts and CPU time. A stage answers GetStats by its
@@ -215,6 +234,14 @@ class StageClient:
             if waiter is not None and not waiter.done():
                 if event.failure is None:
                     waiter.set_result(np.frombuffer(event.embedding, dtype=np.float32))
+                else:
+                    waiter.set_exception(stage_error(event.failure))
+        elif isinstance(event, (LoRALoaded, LoRAUnloaded)):
+            waiter = self._lora_answers.get(("LoadLoRA" if isinstance(event, LoRALoaded) else "UnloadLoRA",
+                                             event.name))
+            if waiter is not None and not waiter.done():
+                if event.failure is None:
+                    waiter.set_result(None)
                 else:
                     waiter.set_exception(stage_error(event.failure))
         elif isinstance(event, Heartbeat):

@@ -70,6 +70,7 @@ class StageSupervisor:
                             "code2wav": code2wav.max_batch_size}
         self.stages: dict[str, StageProcess] = {}   # the running ones (an unloaded talker is not)
         self.unloaded: set[str] = set()             # talkers stopped while their model was idle
+        self.loras: dict[str, dict[str, str]] = {}   # talker → its LoRA adapters (name → dir), loaded at its start
         self._launches: dict[str, StageLaunch] = {}   # the running pipeline's, by stage (a talker loads from it)
         self.hosted_aligner: AlignerLaunch | None = None   # the forced aligner code2wav's process runs beside it
         self.epoch = 0                      # counts pipeline starts: a request belongs to the one it entered
@@ -236,7 +237,8 @@ class StageSupervisor:
                            connector=connector, connectors=readers,
                            lanes=code2wav_lanes(self.pipeline, self.threads) if kind == "code2wav" else 1,
                            log_level=logging.getLogger("omni_tts").getEffectiveLevel(),
-                           aligner=self.hosted_aligner if name == "code2wav" else None)
+                           aligner=self.hosted_aligner if name == "code2wav" else None,
+                           loras=dict(self.loras.get(name, {})))
 
     # --- a model's talker unloaded while idle, loaded on demand -----------------------------------------------
     async def unload(self, talker: str) -> None:
@@ -258,6 +260,8 @@ class StageSupervisor:
         the pipeline does not serve, or the talker does not start (it stays unloaded; the pipeline is untouched)."""
         self.check_alive()
         self.unloaded.discard(talker)
+        # the adapters loaded since the pipeline started come back with it
+        self._launches[talker] = msgspec.structs.replace(self._launches[talker], loras=dict(self.loras.get(talker, {})))
         self._spawn(talker_stage.main, talker, (talker,))
         try:
             await wait_ready([self.stages[talker]], self.supervision.startup_timeout)

@@ -30,6 +30,7 @@ from .elevenlabs.stream_input import WEBSOCKET_ROUTES as ELEVENLABS_WEBSOCKET_RO
 from .errors import error_middleware
 from .in_flight import InFlight
 from .info import INFO_ROUTES
+from .lora_routes import LORA_ROUTES
 from .pronunciation.dictionary_routes import PRONUNCIATION_ROUTES
 from .served_models import served_models
 from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
@@ -72,6 +73,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
         *PRONUNCIATION_ROUTES,
+        *LORA_ROUTES,
         *INFO_ROUTES,
         *REALTIME_ROUTES,
         *ELEVENLABS_ROUTES,

@@ -18,18 +18,21 @@ async def list_models(request: web.Request) -> web.Response:
     """OpenAI's list (ElevenLabs' for its clients: elevenlabs/voices.py): one entry per name listed (names.py), the
     default model's first; `root` names the model each name stands for (its first served name), `task_type`,
     `languages` and `capabilities` (served_models.py) say what a request may ask of it, and `random_weights` whether
-    it is the embedded tiny model, which speaks noise (the playground reads them)."""
+    it is the embedded tiny model, which speaks noise (the playground reads them). A LoRA adapter is an entry of its
+    own, its `parent` the model it runs on (vLLM's field)."""
     state = request.app[STATE]
     if is_elevenlabs_client(request):   # the path is ElevenLabs' too: its clients get its list
         return web.json_response(elevenlabs_models(state))
     config = state.config
     return web.json_response({"object": "list", "data": [
         _model_entry(name, state.models[config.model_of(config.served_model(name))], config.random_weights)
-        for name in config.model_names]})
+        for name in config.model_names] + [
+        _model_entry(name, adapter, config.random_weights) | {"parent": adapter.parent}
+        for name, adapter in state.adapters.items()]})
 
 
 def _model_entry(name: str, model: ServedModel, random_weights: bool) -> dict:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": model.name,
+    return {"id": name, "object": "model", "created": 0, "owned_by": "omni_tts", "root": model.parent or model.name,
             "task_type": TASK_TYPE_OF_MODEL[model.model_type], "languages": model.tts.prompts.languages,
             "capabilities": model.capabilities(), "random_weights": random_weights}
 

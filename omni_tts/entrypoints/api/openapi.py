@@ -27,10 +27,12 @@ from .dashscope.audio_links import AUDIO_PATH
 from .dashscope.qwen_openapi import dashscope_paths
 from .elevenlabs.ws_messages import openapi_paths as elevenlabs_socket_paths
 from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
+from .lora_routes import lora_paths
 from .elevenlabs.api_document import elevenlabs_paths
 from .elevenlabs.api_document import error_response as elevenlabs_error
 from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
-                               SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING, VOICE_LIST)
+                               SPEECH_JSON, SPEECH_STREAM_EVENT, USAGE, VOICE, VOICE_DELETED, VOICE_EMBEDDING,
+                               VOICE_LIST)
 
 # routes an API key does not guard: a health probe, and static pages with their files (they ask the browser's user
 # for the key); the routes as the router names them, so a path that merely looks like one of them stays guarded
@@ -226,6 +228,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                         "404": _error("no such voice, or voice uploads are disabled"),
                         "503": _error("a stage is down and restarting; see Retry-After")}}},
         **pronunciation_paths(),
+        **lora_paths(_error),
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
                                "responses": {"200": _json("ModelList", "one entry per name the server answers "
                                                                        "to, the primary first")}}},

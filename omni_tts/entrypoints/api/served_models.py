@@ -21,6 +21,7 @@ class ServedModel:
     names: tuple[str, ...]   # its served names; the first is its own (the engine's) and the one /v1/models roots at
     tts: TTSClient
     voice_names: VoiceNames
+    parent: str | None = None   # a LoRA adapter's: the model it runs on (its voices and capabilities are that one's)
 
     @property
     def name(self) -> str:
@@ -48,6 +49,12 @@ class ServedModel:
         return {"speakers": sorted(self.config.talker.spk_id), "voice_design": self.model_type == "voice_design",
                 "voice_clone": self.model_type == "base", "instructions": self.takes_instructions,
                 "loaded": self.tts.is_loaded()}
+
+
+def adapter_model(name: str, base: ServedModel) -> ServedModel:
+    """A LoRA adapter of `base`, served as model `name` (AsyncTTS's adapters)."""
+    return ServedModel((name,), ModelClient(base.tts.engine if isinstance(base.tts, ModelClient) else base.tts,
+                                            base.name, lora=name), base.voice_names, parent=base.name)
 
 
 def served_models(tts: TTSClient, config: ServerConfig) -> dict[str, ServedModel]:

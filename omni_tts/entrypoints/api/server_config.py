@@ -17,6 +17,7 @@ from omni_tts.voices.manifest import VoiceManifest
 class ServerConfig(ApiSettings):
     served_model_names: tuple[str, ...]        # the default model's names clients send; the first is the primary
     more_models: tuple[tuple[str, ...], ...] = ()   # each further model's served names (a server of several)
+    lora_dir: str | None = None                # POST /v1/load_lora_adapter loads adapters from under it; None: off
     voices_manifest: VoiceManifest | None = None   # --voices-manifest's voices, loaded and checked
     ref_audio_urls: UrlPolicy | None = None    # where http(s) ref_audio may lead; None: URLs are refused
     api_key: str | None = None                 # when set, every route but openapi.OPEN_PATHS needs the key

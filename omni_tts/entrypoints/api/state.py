@@ -16,11 +16,12 @@ from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.voices.store import VoiceStore, VoiceStoreBackend
 from omni_tts.voices.manifest import VoicesWithManifest
 from omni_tts.orchestrator.aligner_client import AlignerClient
+from omni_tts.orchestrator.async_tts import AsyncTTS
 from omni_tts.orchestrator.tts_client import TTSClient
 from omni_tts.stages.messages import StageStats
 
 from .pronunciation.dictionaries import PronunciationDictionaries
-from .served_models import ServedModel, served_models
+from .served_models import ServedModel, adapter_model, served_models
 from .server_config import ServerConfig
 from .in_flight import InFlight
 
@@ -42,6 +43,9 @@ class ServerState:
         self.tts, self.config = tts, config
         self.models = served_models(tts, config)
         self.default_model = next(iter(self.models.values()))
+        # LoRA adapters served as models (lora_routes.py loads and unloads more), by name
+        self.adapters = {name: adapter_model(name, self.models[model])
+                         for name, model in (tts.adapters.model_of if isinstance(tts, AsyncTTS) else {}).items()}
         self.voice_names = self.default_model.voice_names
         self.metrics = ServerMetrics()
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="omni-tts-audio-io")
@@ -66,10 +70,13 @@ class ServerState:
         served names."""
         if model is None:
             return self.default_model
+        if model in self.adapters:
+            return self.adapters[model]
         served = self.config.served_model(model)
         if served is None:
-            raise ApiError(404, f"model '{model}' is not served here; available: {', '.join(self.config.model_names)}, "
-                                "or an alias (ElevenLabs', DashScope's and OpenAI Realtime's model names)", "model",
+            available = ", ".join((*self.config.model_names, *self.adapters))
+            raise ApiError(404, f"model '{model}' is not served here; available: {available}, or an alias "
+                                "(ElevenLabs', DashScope's and OpenAI Realtime's model names)", "model",
                            "model_not_found")
         return self.models[self.config.model_of(served)]
 

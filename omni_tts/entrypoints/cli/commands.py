@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 from omni_tts import package_version
 from omni_tts.config import available_stage_configs
 from omni_tts.config.options import add_options, check_bounds, from_options
+from omni_tts.entrypoints.cli.lora_arguments import lora_arguments
 from omni_tts.entrypoints.cli.model_arguments import model_arguments
 from omni_tts.config.settings import ApiSettings, ListenerSettings, NarrationSettings, SupervisionSettings
 from omni_tts.entrypoints.cli.serve import local_pipeline, print_error, serve
@@ -163,6 +164,17 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "again (and waits for it) (default: never)")
     p.add_argument("--stage-config", help=f"stage layout: a shipped one ({', '.join(available_stage_configs())}) or "
                                           "a YAML file (default: qwen3_tts_1gpu with CUDA, else cpu_tiny)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=DIR",
+                   help="a LoRA adapter (PEFT layout) of the default model, loaded at start-up and served as model "
+                        "NAME; repeatable (default: none)")
+    p.add_argument("--lora-dir", metavar="DIR",
+                   help="POST /v1/load_lora_adapter loads adapters from under DIR at run time (default: off)")
+    p.add_argument("--max-loras", type=int, metavar="N",
+                   help="LoRA adapters loaded at once, over the stage config's stages.talker.max_loras (default: "
+                        "the stage config's; with --lora or --lora-dir and none there, 4)")
+    p.add_argument("--max-lora-rank", type=int, metavar="R",
+                   help="the highest adapter rank, over the stage config's stages.talker.max_lora_rank (default: "
+                        "the stage config's)")
     add_options(p, ListenerSettings)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the `model` values clients send; the first is the primary, listed first in /v1/models "
@@ -237,6 +249,7 @@ def _check_server_arguments(args: argparse.Namespace) -> UrlPolicy | None:
     for settings in (ListenerSettings, ApiSettings, SupervisionSettings):
         check_bounds(from_options(settings, args))
     args.models = model_arguments(args)
+    args.loras = lora_arguments(args)
     args.model = args.models[0].model   # the default model, as a one-model option reads it
     if args.idle_unload is not None and not args.idle_unload > 0:
         raise ValueError(f"--idle-unload must be > 0 seconds, got {args.idle_unload}")

@@ -99,16 +99,19 @@ def local_pipeline(listener: socket.socket, args: argparse.Namespace,
         from omni_tts.config.options import from_options
         from omni_tts.config.settings import SupervisionSettings
         from omni_tts.orchestrator.async_tts import AsyncTTS
-
         from omni_tts.orchestrator.model_layout import ServedCheckpoint
+
+        from omni_tts.entrypoints.cli.lora_arguments import check_adapters, with_lora_slots
 
         model_dir, stage_config, pipeline, names = load_checkpoint(args)
         more = load_more_models(args, names)
+        pipeline = with_lora_slots(pipeline, args)
+        check_adapters(args.loras, model_dir, pipeline)
         # before the stages: a bad option stops it
         config = server_config(args, names, ref_audio_urls, model_dir, tuple(more_names for more_names, _ in more))
         models = [ServedCheckpoint(names[0], model_dir)] + [ServedCheckpoint(n[0], d) for n, d in more]
         tts = AsyncTTS(models, pipeline, supervision=from_options(SupervisionSettings, args),
-                       idle_unload=args.idle_unload)
+                       idle_unload=args.idle_unload, loras=args.loras)
         config.aligner = forced_aligner(args, tts)   # before the stages start: code2wav's may run it
         # giving up ends the process like a SIGTERM (a drain: what was in flight has failed already), exit status 1
         tts.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
@@ -235,7 +238,7 @@ def server_config(args: argparse.Namespace, names: tuple[str, ...], ref_audio_ur
     VoiceNames(checkpoint.tts_model_type, speakers, args.default_voice, aliases.voices)
     manifest = load_voices_manifest(args.voices_manifest, checkpoint) if args.voices_manifest else None
     api_key = args.api_key or os.environ.get("OMNI_TTS_API_KEY") or None
-    return from_options(ServerConfig, args, served_model_names=names, more_models=more_models,
+    return from_options(ServerConfig, args, served_model_names=names, more_models=more_models, lora_dir=args.lora_dir,
                         voices_manifest=manifest, aliases=aliases,
                         ref_audio_urls=ref_audio_urls, api_key=api_key, random_weights=serves_embedded_model(args),
                         pronunciation=server_lexicons(args, checkpoint))

@@ -39,9 +39,9 @@ HEALTH_CHECK_TIMEOUT_S = 10.0   # a replica whose event loop is stuck this long 
 
 def check_arguments(args: argparse.Namespace) -> None:
     """ValueError for replica options that cannot go together, or that replicas do not take."""
-    if len(args.models) > 1 or args.idle_unload is not None:
-        raise ValueError("serve-ray serves one model per replica (no --model twice, --models or --idle-unload); "
-                         "serve several models with `omni-tts serve`")
+    if len(args.models) > 1 or args.idle_unload is not None or args.lora or args.lora_dir:
+        raise ValueError("serve-ray serves one model per replica (no --model twice, --models, --idle-unload or LoRA "
+                         "adapters); serve several models and adapters with `omni-tts serve`")
     autoscaling = args.min_replicas is not None or args.max_replicas is not None
     if args.replicas is not None and autoscaling:
         raise ValueError("--replicas fixes the number of replicas; leave it out to autoscale between --min-replicas "
