@@ -57,7 +57,8 @@ def offline_pcm(adapter_dir, body=SPEECH) -> bytes:
     tts = Qwen3TTS.from_pretrained(str(BASE))
     adapter = read_adapter(str(adapter_dir), tts.config.talker, 16) if adapter_dir else None
     request = SynthesisRequest(text=body["input"], voice=body["voice"],
-                               non_streaming_mode=body.get("non_streaming_mode"), sampling=SamplingParams(temperature=0, max_new_tokens=body["max_new_tokens"]))
+                               non_streaming_mode=body.get("non_streaming_mode"),
+                               sampling=SamplingParams(temperature=0, max_new_tokens=body["max_new_tokens"]))
     return to_int16(synthesize(tts, [request], loras=[adapter])[0].audio).tobytes()
 
 
