@@ -165,8 +165,9 @@ def test_the_image_serves_as_a_user_not_root_on_the_port_it_exposes(target):
     args = serve_arguments(settings["ENTRYPOINT"] + settings["CMD"])
     assert args.host == "0.0.0.0" and settings["EXPOSE"].split() == [str(args.port)]
     if target == "cuda":  # a released checkpoint on one GPU
-        validate_repo_id(args.model)
-        assert args.model.count("/") == 1  # owner/name, as --model reads a repo id
+        [model] = args.model   # --model is repeatable: the image serves one
+        validate_repo_id(model)
+        assert model.count("/") == 1  # owner/name, as --model reads a repo id
         config = load_stage_config(args.stage_config)
         assert {config.stages.talker.device, config.stages.code2wav.device} == {"cuda:0"}
     health = re.search(r"http://127\.0\.0\.1:(\d+)(/[\w/]*)", settings["HEALTHCHECK"])

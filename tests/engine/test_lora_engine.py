@@ -2,25 +2,23 @@
 model with that adapter merged into its weights; a batch mixing two adapters and the base model is exact per row;
 loading an adapter between two steps leaves running rows' codes as they were; the static-shape step (what CUDA
 graphs replay) gives the dynamic step's codes."""
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from conftest import FIXTURES
+from lora_util import write_merged
 from omni_tts.engine.offline import prepare, synthesize
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.engine.talker_runner import TalkerRunner
-from omni_tts.models.qwen3_tts.lora import merge_into, read_adapter
+from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import RequestError, SynthesisRequest
 from omni_tts.models.qwen3_tts.random_model import make_random_adapter
 from omni_tts.models.qwen3_tts.sampling import SamplingParams
-from omni_tts.models.qwen3_tts.weights import read_tensors, safetensors_files
 
 sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
 from bench_step_ops import OpCounter  # noqa: E402
@@ -34,17 +32,6 @@ VOICES = ["ryan", "vivian", "serena"]
 def greedy(i: int, max_new_tokens: int = 40) -> SynthesisRequest:
     return SynthesisRequest(text=TEXTS[i % 3], voice=VOICES[i % 3],
                             sampling=SamplingParams(temperature=0, max_new_tokens=max_new_tokens))
-
-
-def write_merged(base, adapter, out) -> str:
-    """The base checkpoint with the adapter folded into its weights (fp32), beside links to the base's other files."""
-    os.makedirs(out)
-    for name in os.listdir(base):
-        if name != "model.safetensors":
-            os.symlink(os.path.realpath(os.path.join(base, name)), os.path.join(out, name))
-    merged = merge_into({k: v.float() for k, v in read_tensors(safetensors_files(str(base)), "").items()}, adapter)
-    save_file({k: v.contiguous() for k, v in merged.items()}, os.path.join(out, "model.safetensors"))
-    return str(out)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 /v1/unload_lora_adapter at run time (from under `--lora-dir`). Each adapter's speech equals offline synthesis with it
 (tests/engine/test_lora_engine.py: equal to its weights merged), requests on two adapters and the base model at once
 each get their own; an adapter loaded while another one's utterance streams leaves that one exact; one loaded at run
-time comes back with its talker after an idle unload; bad adapters are a 4xx (or, at start-up, one line and status 2)
+time comes back with its talker after an idle unload; a fine-tuned checkpoint is served beside its base; bad adapters are a 4xx (or, at start-up, one line and status 2)
 naming the file."""
 import asyncio
 import concurrent.futures
@@ -15,6 +15,7 @@ import pytest
 
 from audio_util import assert_same_audio
 from conftest import FIXTURES
+from lora_util import write_merged
 from server_util import ServerProcess, free_port, request
 from test_speech_stream import GREEDY, TEXT, Session
 from waiting import eventually
@@ -152,5 +153,19 @@ def test_an_adapter_loaded_at_run_time_comes_back_with_its_talker(adapters):
         models = lambda: {e["id"]: e for e in json.loads(request(server.url + "/v1/models")[2])["data"]}  # noqa: E731
         eventually(lambda: not models()["narrator"]["capabilities"]["loaded"], what="the idle talker unloaded")
         assert_same_audio(speak(server, SPEECH | {"model": "bright"}), offline_pcm(adapters / "a2"))
+    finally:
+        server.stop()
+
+
+def test_a_fine_tuned_checkpoint_is_served_beside_its_base(adapters, tmp_path):
+    """A checkpoint fine-tuned from the base (here: the base with adapter a1 merged into its weights) is a model of
+    its own, sharing the base's code2wav (the same decoder), and speaks as the adapter does."""
+    tts = Qwen3TTS.from_pretrained(str(BASE))
+    tuned = write_merged(BASE, read_adapter(str(adapters / "a1"), tts.config.talker, 16), tmp_path / "tuned")
+    server = ServerProcess("--model", f"narrator={BASE}", "--model", f"tuned={tuned}")
+    try:
+        assert "(2 talkers, 1 code2wav)" in server.output()
+        assert_same_audio(speak(server, SPEECH | {"model": "tuned"}), offline_pcm(adapters / "a1"))
+        assert_same_audio(speak(server, SPEECH | {"model": "narrator"}), offline_pcm(None))
     finally:
         server.stop()
