@@ -41,9 +41,14 @@ def adapters(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(adapters):
-    server = ServerProcess("--model", f"narrator={BASE}", "--lora", f"calm={adapters / 'a1'}", "--lora-dir",
-                           str(adapters))
+def server(adapters, tmp_path_factory):
+    """narrator with adapter calm (a1), and beside it `tuned`: a checkpoint fine-tuned from narrator's (its weights
+    with a1 merged in)."""
+    tts = Qwen3TTS.from_pretrained(str(BASE))
+    tuned = write_merged(BASE, read_adapter(str(adapters / "a1"), tts.config.talker, 16),
+                         tmp_path_factory.mktemp("tuned") / "tuned")
+    server = ServerProcess("--model", f"narrator={BASE}", "--model", f"tuned={tuned}", "--lora",
+                           f"calm={adapters / 'a1'}", "--lora-dir", str(adapters))
     yield server
     server.stop()
 
@@ -157,15 +162,8 @@ def test_an_adapter_loaded_at_run_time_comes_back_with_its_talker(adapters):
         server.stop()
 
 
-def test_a_fine_tuned_checkpoint_is_served_beside_its_base(adapters, tmp_path):
-    """A checkpoint fine-tuned from the base (here: the base with adapter a1 merged into its weights) is a model of
-    its own, sharing the base's code2wav (the same decoder), and speaks as the adapter does."""
-    tts = Qwen3TTS.from_pretrained(str(BASE))
-    tuned = write_merged(BASE, read_adapter(str(adapters / "a1"), tts.config.talker, 16), tmp_path / "tuned")
-    server = ServerProcess("--model", f"narrator={BASE}", "--model", f"tuned={tuned}")
-    try:
-        assert "(2 talkers, 1 code2wav)" in server.output()
-        assert_same_audio(speak(server, SPEECH | {"model": "tuned"}), offline_pcm(adapters / "a1"))
-        assert_same_audio(speak(server, SPEECH | {"model": "narrator"}), offline_pcm(None))
-    finally:
-        server.stop()
+def test_a_fine_tuned_checkpoint_is_served_beside_its_base(server, adapters):
+    """A checkpoint fine-tuned from the base is a model of its own, sharing the base's code2wav (the same decoder),
+    and speaks as the adapter merged into it does."""
+    assert "(2 talkers, 1 code2wav)" in server.output()
+    assert_same_audio(speak(server, SPEECH | {"model": "tuned"}), offline_pcm(adapters / "a1"))

@@ -55,15 +55,17 @@ def offline_pcm(variant: str, body: dict) -> bytes:
     return to_int16(synthesize(tts, [request])[0].audio).tobytes()
 
 
-def several_models(*extra: str) -> ServerProcess:
-    return ServerProcess(*(arg for variant, name in NAMES.items()
-                           for arg in ("--model", f"{name}={FIXTURES / variant}")),
+def several_models(models_file, *extra: str) -> ServerProcess:
+    """narrator and designer given by --model, clone (also named clone-2) by a --models file."""
+    models_file.write_text(f"models:\n  - model: {FIXTURES / 'tiny-base'}\n    served_model_name: [clone, clone-2]\n")
+    return ServerProcess("--model", f"narrator={FIXTURES / 'tiny-custom-voice'}", "--model",
+                         f"designer={FIXTURES / 'tiny-voice-design'}", "--models", str(models_file),
                          "--allowed-local-media-path", str(FIXTURES), *extra)
 
 
 @pytest.fixture(scope="module")
-def server():
-    server = several_models()
+def server(tmp_path_factory):
+    server = several_models(tmp_path_factory.mktemp("models") / "models.yaml")
     yield server
     server.stop()
 
@@ -86,7 +88,8 @@ def test_one_code2wav_process_serves_the_three_models(server):
 def test_models_lists_each_model_with_what_it_can_do(server):
     status, _, data = request(server.url + "/v1/models")
     entries = {entry["id"]: entry for entry in json.loads(data)["data"]}
-    assert [name for name in entries if not name.startswith(("tts-", "gpt-"))] == list(NAMES.values())
+    assert [(name, entry["root"]) for name, entry in entries.items() if not name.startswith(("tts-", "gpt-"))] == [
+        ("narrator", "narrator"), ("designer", "designer"), ("clone", "clone"), ("clone-2", "clone")]
     narrator, designer, clone = (entries[name] for name in NAMES.values())
     assert narrator["task_type"] == "CustomVoice" and "ryan" in narrator["capabilities"]["speakers"]
     assert designer["capabilities"] | {"loaded": True} == {"speakers": [], "voice_design": True, "voice_clone": False,
@@ -120,10 +123,10 @@ def loaded(server, name: str) -> bool:
     return next(entry for entry in entries if entry["id"] == name)["capabilities"]["loaded"]
 
 
-def test_an_idle_model_is_unloaded_and_its_next_request_loads_it_while_another_streams(cv_server):
+def test_an_idle_model_is_unloaded_and_its_next_request_loads_it_while_another_streams(cv_server, tmp_path):
     """Held by state: the narrator's utterance waits for the rest of its text (its request in flight in the stages)
     while the designer, idle past --idle-unload, is unloaded and then loaded again by a request."""
-    server = several_models("--idle-unload", "1")
+    server = several_models(tmp_path / "models.yaml", "--idle-unload", "1")
     words = TEXT.split(" ")
     voice = {"voice": "ryan", **GREEDY}
     design = {"model": "designer", "input": "A designed voice.", "instructions": "A calm, deep voice.",
@@ -171,18 +174,6 @@ def test_model_options_that_cannot_be_served_stop_the_start(args, message):
                            *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert done.returncode == 2, done.stdout
     assert done.stdout.startswith(f"omni-tts serve: error: {message}") and done.stdout.count("\n") == 1, done.stdout
-
-
-def test_a_models_file_names_the_models(tmp_path):
-    models = tmp_path / "models.yaml"
-    models.write_text(f"models:\n  - model: {FIXTURES / 'tiny-base'}\n    served_model_name: [clone, clone-2]\n")
-    server = ServerProcess("--model", f"narrator={FIXTURES / 'tiny-custom-voice'}", "--models", str(models))
-    try:
-        entries = json.loads(request(server.url + "/v1/models")[2])["data"]
-        assert [(e["id"], e["root"]) for e in entries if not e["id"].startswith(("tts-", "gpt-"))] == [
-            ("narrator", "narrator"), ("clone", "clone"), ("clone-2", "clone")]
-    finally:
-        server.stop()
 
 
 def test_the_other_apis_route_by_model_too(server):
