@@ -2,14 +2,13 @@
 it, its checkpoint's config and prompts, every request sent as that model's."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import numpy as np
 
 from omni_tts.config.settings import ApiSettings
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import AudioInput, PromptBuilder, SynthesisRequest
-from omni_tts.stages.messages import StageStats
 
 from .async_tts import AsyncTTS, TextStream
 from .types import SpeechChunk
@@ -28,25 +27,9 @@ class ModelClient:
     def prompts(self) -> PromptBuilder:
         return self.processor.prompts
 
-    @property
-    def is_healthy(self) -> bool:
-        return self.engine.is_healthy
-
-    @property
-    def down(self) -> str | None:
-        return self.engine.down
-
-    @property
-    def down_reason(self) -> str | None:
-        return self.engine.down_reason
-
-    @property
-    def fatal(self) -> str | None:
-        return self.engine.fatal
-
-    @property
-    def restarts(self) -> Mapping[str, int]:
-        return self.engine.restarts
+    def __getattr__(self, name: str) -> object:
+        """What is the pipeline's, not the model's (health, restarts, stats, start and shutdown): the engine's."""
+        return getattr(self.engine, name)
 
     def is_loaded(self) -> bool:
         """Its talker runs now (an idle model's may be unloaded)."""
@@ -55,12 +38,6 @@ class ModelClient:
     async def load_model(self) -> float:
         """Returns once its talker runs: the seconds waited for a load (0.0 when it ran)."""
         return await self.engine.load_model(self.name)
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
 
     def generate(self, request: SynthesisRequest, request_id: str | None = None,
                  initial_codec_chunk_frames: int | None = None, voice_version: str | None = None,
@@ -80,6 +57,3 @@ class ModelClient:
     async def embed_voice(self, ref_audio: AudioInput, voice_version: str | None = None,
                           timeout: float = 60.0) -> np.ndarray:
         return await self.engine.embed_voice(ref_audio, voice_version, timeout, model=self.name)
-
-    async def stats(self, timeout: float = 10.0) -> dict[str, StageStats]:
-        return await self.engine.stats(timeout)
