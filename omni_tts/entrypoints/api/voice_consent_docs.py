@@ -55,7 +55,7 @@ def consent_paths() -> dict:
                         {"name": "limit", "in": "query", "required": False,
                          "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}}],
                     "responses": {"200": _json("VoiceConsentList", "a page of recordings"),
-                                  "400": _error("limit out of range, or `after` names no recording"),
+                                  "400": _error("limit out of range, or `after` is not a consent recording id"),
                                   "404": _error("voice uploads are disabled (no --voices-dir)")}},
             "post": {"operationId": "createVoiceConsent", "summary": "Upload a consent recording (OpenAI's shape)",
                      "requestBody": {"required": True, "content": {"multipart/form-data": {

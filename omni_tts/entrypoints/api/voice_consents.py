@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from omni_tts.voices.backend import UPLOADS_DISABLED
-from omni_tts.voices.consents import ConsentRecord, ConsentStore
+from omni_tts.voices.consents import ConsentRecord, ConsentStore, is_consent_id
 
 from .schema import ApiError, convert_fields, decode_json
 from .speech import read_body
@@ -54,10 +54,9 @@ async def list_consents(request: web.Request) -> web.Response:
     records = await store_call(state.run_voices, consent_store(state).list)
     after = request.query.get("after")
     if after is not None:
-        ids = [r.id for r in records]
-        if after not in ids:
-            raise ApiError(400, f"after: no consent recording '{after}'", "after")
-        records = records[ids.index(after) + 1:]
+        if not is_consent_id(after):
+            raise ApiError(400, f"after must be a consent recording's id, not '{after}'", "after")
+        records = [r for r in records if r.id > after]   # ids sort as made: a page after a deleted one goes on
     page = [r.to_json() for r in records[:limit]]
     return web.json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                               "last_id": page[-1]["id"] if page else None, "has_more": len(records) > limit})
