@@ -44,7 +44,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, RefAudioError, decode_reference
+from omni_tts.audio.ref_audio import MAX_SECONDS, MIN_SECONDS, DecodedClip, RefAudioError, decode_reference
 
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 _NAME_RULE = "voice name must be 1–64 characters of letters, digits, '_', '.' or '-', not starting with '.'"
@@ -58,6 +58,7 @@ MAX_CONSENT_CHARS = 1024
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024   # one clip, as uploaded (the default of a store's max_bytes)
 UPLOADS_DISABLED = "voice uploads are disabled (start the server with --voices-dir)"
 MAX_DESCRIPTION_CHARS = 1024
+MAX_PROMPT_CHARS = 2000   # a designed voice's description: OpenAI's bound
 MAX_EMBEDDING_VALUES = 8192    # vllm-omni's bound; the checkpoints' x-vectors have 1024 (0.6B) or 2048 (1.7B)
 EMBEDDING_MIME_TYPE = "application/octet-stream"   # an embedding voice's file: raw float32, little-endian
 
@@ -85,6 +86,8 @@ class VoiceRecord:
                              # key elsewhere)
     speaker_description: str | None = None   # free text from the uploader
     embedding_dim: int | None = None   # an embedding voice (no audio): its vector's length; None: a clip voice
+    prompt: str | None = None          # a designed voice (type "prompt"): the description its clip was spoken from
+    design_model: str | None = None    # ... and the served VoiceDesign model that spoke it
 
     @property
     def embedding_source(self) -> str:
@@ -104,16 +107,19 @@ class VoiceRecord:
     def to_json(self, embedding_dim: int | None = None) -> dict:
         """The API view: the `openai` SDK's `Voice` (id, object, type, name, created_at) and vllm-omni's uploaded
         voice (name, created_at, ref_text, consent, file_size, mime_type, speaker_description, embedding_source,
-        embedding_dim), plus duration_s (None for an embedding voice). The id is the name: what DELETE
-        /v1/audio/voices/{id} and a speech request's `voice` take. embedding_dim: the served checkpoint's, shown
-        for a clip voice (the length of the x-vector its clip gives)."""
+        embedding_dim), plus duration_s (None for an embedding voice); a designed voice's `prompt` and
+        `design_model` too. The id is the name: what DELETE /v1/audio/voices/{id} and a speech request's `voice`
+        take. embedding_dim: the served checkpoint's, shown for a clip voice (the length of the x-vector its clip
+        gives)."""
         audio = self.embedding_dim is None
-        return {"id": self.name, "object": "audio.voice", "type": "audio_sample" if audio else "speaker_embedding",
+        kind = "prompt" if self.prompt is not None else "audio_sample" if audio else "speaker_embedding"
+        designed = {"prompt": self.prompt, "design_model": self.design_model} if self.prompt is not None else {}
+        return {"id": self.name, "object": "audio.voice", "type": kind,
                 "name": self.name, "created_at": self.created_at, "ref_text": self.ref_text,
                 "consent": self.consent, "speaker_description": self.speaker_description,
                 "file_size": self.file_size, "mime_type": self.mime_type,
                 "duration_s": self.duration_s if audio else None, "embedding_source": self.embedding_source,
-                "embedding_dim": embedding_dim if audio else self.embedding_dim}
+                "embedding_dim": embedding_dim if audio else self.embedding_dim} | designed
 
 
 @runtime_checkable
@@ -133,9 +139,9 @@ class VoiceStoreBackend(Protocol):
         ...
 
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
-            speaker_description: str | None = None) -> VoiceRecord:
+            speaker_description: str | None = None, design: VoiceDesign | None = None) -> VoiceRecord:
         """Check (`check_upload`) and store a clip as a new version of the voice `name`, replacing any voice of
-        that name (case-insensitive); `VoiceError` when refused."""
+        that name (case-insensitive); `VoiceError` when refused. `design`: the clip was designed (type "prompt")."""
         ...
 
     def add_embedding(self, name: str, embedding: np.ndarray, consent: str | None,
@@ -153,6 +159,13 @@ class VoiceStoreBackend(Protocol):
         (`embedding_dim` set), its float32 x-vector; None when there is none. `VoiceError` 500 when its file
         cannot be read."""
         ...
+
+
+@dataclass(frozen=True)
+class VoiceDesign:
+    """Where a designed voice's clip comes from: the description it was spoken from, by the VoiceDesign model."""
+    prompt: str
+    model: str
 
 
 @dataclass(frozen=True)
@@ -213,27 +226,48 @@ def check_embedding_upload(name: str, embedding: np.ndarray, consent: str | None
             _check_text("speaker_description", speaker_description, MAX_DESCRIPTION_CHARS))
 
 
+def check_audio(audio_bytes: bytes, *, max_bytes: int, min_seconds: float = MIN_SECONDS,
+                max_seconds: float = MAX_SECONDS, field: str = "audio_sample") -> DecodedClip:
+    """An uploaded clip's checks (size, duration, an allowed container), its samples read-only; `VoiceError`
+    naming `field` with the status to answer. Blocking (decodes the clip)."""
+    _check_size(audio_bytes, max_bytes, field)
+    try:
+        clip = decode_reference(audio_bytes, min_seconds=min_seconds, max_seconds=max_seconds, label=field)
+    except RefAudioError as e:
+        raise VoiceError(str(e), e.status, field) from None
+    if clip.format not in _CONTAINERS:
+        raise VoiceError(f"{field} is {clip.format} audio; upload wav, flac, ogg or mp3", 415, field)
+    clip.samples.flags.writeable = False
+    return clip
+
+
+def _check_size(audio_bytes: bytes, max_bytes: int, field: str) -> None:
+    if len(audio_bytes) > max_bytes:
+        raise VoiceError(f"{field} is larger than the {max_bytes}-byte limit ({max_bytes / 2**20:g} MiB)", 413,
+                         field)
+    if not audio_bytes:
+        raise VoiceError(f"{field} is empty (0 bytes)", 400, field)
+
+
+def container_file(clip: DecodedClip) -> tuple[str, str]:
+    """A checked clip's (file extension, canonical MIME type), from its sniffed container."""
+    return _CONTAINERS[clip.format]
+
+
 def check_upload(name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
                  speaker_description: str | None = None, *, max_bytes: int, min_seconds: float = MIN_SECONDS,
-                 max_seconds: float = MAX_SECONDS) -> CheckedUpload:
+                 max_seconds: float = MAX_SECONDS, design: VoiceDesign | None = None) -> CheckedUpload:
     """Every check an upload passes before any store keeps it; `VoiceError` with the status to answer. Blocking
     (decodes the clip)."""
     validate_name(name)
     audio_bytes = bytes(audio_bytes)
-    if len(audio_bytes) > max_bytes:
-        raise VoiceError(f"audio_sample is larger than the {max_bytes}-byte limit ({max_bytes / 2**20:g} MiB)", 413)
-    if not audio_bytes:
-        raise VoiceError("audio_sample is empty (0 bytes)")
+    _check_size(audio_bytes, max_bytes, "audio_sample")
     ref_text = _check_text("ref_text", ref_text, MAX_REF_TEXT_CHARS, strip=True)
     consent = _check_text("consent", consent, MAX_CONSENT_CHARS)
     speaker_description = _check_text("speaker_description", speaker_description, MAX_DESCRIPTION_CHARS)
-    try:
-        clip = decode_reference(audio_bytes, min_seconds=min_seconds, max_seconds=max_seconds, label="audio_sample")
-    except RefAudioError as e:
-        raise VoiceError(str(e), e.status) from None
-    if clip.format not in _CONTAINERS:
-        raise VoiceError(f"audio_sample is {clip.format} audio; upload wav, flac, ogg or mp3", 415)
-    clip.samples.flags.writeable = False
+    if design is not None:
+        _check_text("prompt", design.prompt, MAX_PROMPT_CHARS)
+    clip = check_audio(audio_bytes, max_bytes=max_bytes, min_seconds=min_seconds, max_seconds=max_seconds)
     return CheckedUpload(name=name, audio=audio_bytes, ref_text=ref_text, consent=consent,
                          speaker_description=speaker_description, samples=clip.samples,
                          sample_rate=clip.source_rate, duration_s=round(clip.duration_s, 3), container=clip.format,

@@ -31,9 +31,9 @@ import msgspec
 import msgspec.yaml
 import numpy as np
 
-from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceError,
-                                                VoiceRecord, VoiceStoreBackend, check_embedding_upload, check_upload,
-                                                voice_key)
+from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_UPLOAD_BYTES, UPLOADS_DISABLED, VoiceDesign,
+                                                VoiceError, VoiceRecord, VoiceStoreBackend, check_embedding_upload,
+                                                check_upload, voice_key)
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
@@ -156,8 +156,8 @@ class VoicesWithManifest:
         return voice_key(name) in self.manifest or (self.store is not None and name in self.store)
 
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
-            speaker_description: str | None = None) -> VoiceRecord:
-        return self._writable(name).add(name, audio_bytes, ref_text, consent, speaker_description)
+            speaker_description: str | None = None, design: VoiceDesign | None = None) -> VoiceRecord:
+        return self._writable(name).add(name, audio_bytes, ref_text, consent, speaker_description, design)
 
     def add_embedding(self, name: str, embedding: np.ndarray, consent: str | None,
                       speaker_description: str | None = None) -> VoiceRecord:

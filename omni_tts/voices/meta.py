@@ -39,7 +39,8 @@ def meta_bytes(record: VoiceRecord, container: str, subtype: str) -> bytes:
                        "file_size": record.file_size, "mime_type": record.mime_type,
                        "duration_s": record.duration_s, "consent": record.consent,
                        "speaker_description": record.speaker_description, "embedding_dim": record.embedding_dim,
-                       "sample_rate": record.sample_rate, "file": os.path.basename(record.path),
+                       "sample_rate": record.sample_rate, "prompt": record.prompt,
+                       "design_model": record.design_model, "file": os.path.basename(record.path),
                        "format": container, "subtype": subtype, "version": 1},
                       ensure_ascii=False).encode("utf-8")
 
@@ -53,7 +54,7 @@ def parse_meta(root: str, entry: str, raw: bytes) -> VoiceRecord:
     name = meta["name"]
     if voice_key(name) != entry:
         raise ValueError(f"name {name!r} does not match the folder")
-    for field in ("ref_text", "consent", "speaker_description"):
+    for field in ("ref_text", "consent", "speaker_description", "prompt", "design_model"):
         if meta.get(field) is not None and not isinstance(meta[field], str):
             raise ValueError(f"{field} is not a string")
     created, duration = meta["created_at"], meta["duration_s"]
@@ -75,7 +76,7 @@ def parse_meta(root: str, entry: str, raw: bytes) -> VoiceRecord:
     return VoiceRecord(name=name, ref_text=meta.get("ref_text"), created_at=math.ceil(created), file_size=size,
                        mime_type=mime, duration_s=float(duration), consent=meta.get("consent"),
                        sample_rate=rate, path=path, speaker_description=meta.get("speaker_description"),
-                       embedding_dim=dim)
+                       embedding_dim=dim, prompt=meta.get("prompt"), design_model=meta.get("design_model"))
 
 
 def unreadable(record: VoiceRecord, error: Exception) -> NoReturn:

@@ -35,9 +35,7 @@ version whole, the one current when it looked or a later one. The files of all l
 the lock at start-up and in a voice's folder at each write of it, once older than `ORPHAN_GRACE_S` (a younger one
 may be another replica's, still being read). A folder whose meta.json cannot be parsed is skipped with a warning
 and never swept. Voices stored with fractional `created_at` (before it was an integer) are read rounded up.
-
-Loaded voices are cached per version (LRU bounded by bytes). Threads: every method but `in` and `cache_info`
-blocks on the disk: call them in an executor.
+Loaded voices are cached per version (LRU bounded by bytes). Every method but `in` and `cache_info` blocks on the disk.
 """
 from __future__ import annotations
 
@@ -61,13 +59,13 @@ from omni_tts.voices.shared_dir import (LockTimeout, exclusive, fsync_dir, read_
                                              write_atomic)
 from omni_tts.voices.backend import (EMBEDDING_MIME_TYPE, MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS,
                                                 MAX_EMBEDDING_VALUES, MAX_REF_TEXT_CHARS, MAX_UPLOAD_BYTES,
-                                                CheckedUpload, VoiceError, VoiceRecord, VoiceStoreBackend,
+                                                CheckedUpload, VoiceDesign, VoiceError, VoiceRecord, VoiceStoreBackend,
                                                 check_embedding_upload, check_upload, validate_name, voice_key)
 from omni_tts.voices.meta import (EMBEDDING_FORMAT, META, decode_voice_file, is_voice_file, meta_bytes,
                                              parse_meta, unreadable)
 
 __all__ = ["CLOCK_FILE", "LOCK_FILE", "MAX_CONSENT_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_EMBEDDING_VALUES",
-           "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "CheckedUpload", "VoiceError", "VoiceRecord",
+           "MAX_REF_TEXT_CHARS", "ORPHAN_GRACE_S", "CheckedUpload", "VoiceDesign", "VoiceError", "VoiceRecord",
            "VoiceStore", "VoiceStoreBackend", "check_embedding_upload", "check_upload", "validate_name", "voice_key"]
 
 logger = logging.getLogger(__name__)
@@ -190,13 +188,14 @@ class VoiceStore:
         return key is not None and os.path.isfile(self._meta_path(key))
 
     def add(self, name: str, audio_bytes: bytes, ref_text: str | None, consent: str | None,
-            speaker_description: str | None = None) -> VoiceRecord:
+            speaker_description: str | None = None, design: VoiceDesign | None = None) -> VoiceRecord:
         """Check and store a clip, replacing a voice of the same name (case-insensitive). Blocking."""
         upload = check_upload(name, audio_bytes, ref_text, consent, speaker_description, max_bytes=self.max_bytes,
-                              min_seconds=self.min_seconds, max_seconds=self.max_seconds)
+                              min_seconds=self.min_seconds, max_seconds=self.max_seconds, design=design)
         draft = VoiceRecord(name=name, ref_text=upload.ref_text, created_at=0, file_size=len(upload.audio),
                             mime_type=upload.mime_type, duration_s=upload.duration_s, consent=upload.consent,
-                            sample_rate=upload.sample_rate, path="", speaker_description=upload.speaker_description)
+                            sample_rate=upload.sample_rate, path="", speaker_description=upload.speaker_description,
+                            prompt=design and design.prompt, design_model=design and design.model)
         return self._store(draft, f"clip{{}}{upload.extension}", upload.audio, upload.samples,
                            (upload.container, upload.subtype))
 

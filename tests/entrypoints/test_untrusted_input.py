@@ -320,7 +320,7 @@ def upload(server, *parts: bytes, headers=FORM):
 def test_malformed_uploads_are_400(plain_server):
     clip = part("audio_sample", CLIP, "v.wav", "audio/wav")
     cases = [
-        (b'{"name": "v"}', {"Content-Type": "application/json"}, None),
+        (b'{"name": "v"}', {"Content-Type": "application/json"}, "type"),   # JSON: only a designed voice
         (b"name=v", {}, None),
         (form(part("name", b"v"), clip), {"Content-Type": "multipart/form-data"}, None),  # no boundary
         # a NUL and a non-ASCII byte in part headers; a body that never shows its boundary (any param will do)
@@ -335,14 +335,15 @@ def test_malformed_uploads_are_400(plain_server):
         (form(part("name", b"../etc"), clip), FORM, "name"),
         (form(part("name", b"v")), FORM, "audio_sample"),
         (form(clip), FORM, "name"),
-        # strict: unknown fields (refused unread), repeats (an alias counts as its field), text sent as a file,
-        # OpenAI's prompt-designed voices
+        # strict: unknown fields (refused unread), repeats (an alias counts as its field), text sent as a file; a
+        # prompt-designed voice takes no clip, and needs a VoiceDesign model
         (form(part("name", b"v"), part("colour", b"blue"), clip), FORM, "colour"),
         (form(part("name", b"v"), part("speaker_embedding", b"[0.1]"), clip), FORM, "speaker_embedding"),
         (form(part("name", b"v"), part("name", b"w"), clip), FORM, "name"),
         (form(part("name", b"v"), clip, part("file", CLIP, "v.wav")), FORM, "audio_sample"),
         (form(part("name", b"v", "name.txt", "text/plain"), clip), FORM, "name"),
-        (form(part("name", b"v"), part("type", b"prompt"), clip), FORM, "type"),
+        (form(part("name", b"v"), part("type", b"prompt"), clip), FORM, "audio_sample"),
+        (form(part("name", b"v"), part("type", b"prompt"), part("prompt", b"calm")), FORM, "type"),
         (form(part("name", b"v"), part("consent", b"c" * 2000), clip), FORM, "consent"),
     ]
     for body, headers, param in cases:

@@ -2,7 +2,8 @@
 orchestrator in the same process (`omni-tts serve`), or Ray Serve replicas of it (`omni-tts serve-ray`).
 
 Routes: POST /v1/audio/speech (speech.py), POST /v1/audio/speech/batch (speech_batch.py), WS /v1/audio/speech/stream
-(speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name} (voice_routes.py),
+(speech_stream.py), GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name} (voice_routes.py; a voice designed
+from a prompt: voice_design.py), /v1/audio/voice_consents (voice_consents.py),
 /v1/pronunciation-dictionaries (pronunciation/dictionary_routes.py), GET /v1/models, /health, /metrics, /version
 (info.py), GET /openapi.json and /docs (openapi.py), GET / and /playground/{name} (playground.py), and other APIs'
 routes: ElevenLabs' (elevenlabs/), WS /v1/realtime (openai_realtime/: OpenAI's Realtime API reading text aloud),
@@ -37,6 +38,7 @@ from .speech import MAX_BODY_BYTES, count_speech_requests, create_speech
 from .speech_batch import create_speech_batch
 from .speech_stream import speech_stream
 from .state import CONFIG, TTS, STATE, ServerState
+from .voice_consents import CONSENT_ROUTES
 from .voice_routes import VOICE_ROUTES
 
 
@@ -72,6 +74,7 @@ def build_app(tts: TTSClient, config: ServerConfig) -> web.Application:
         web.post("/v1/audio/speech/batch", create_speech_batch),
         web.get(SPEECH_STREAM_PATH, speech_stream),
         *VOICE_ROUTES,
+        *CONSENT_ROUTES,
         *PRONUNCIATION_ROUTES,
         *LORA_ROUTES,
         *INFO_ROUTES,

@@ -20,14 +20,16 @@ from omni_tts.audio.encoding import content_type
 from omni_tts.entrypoints.api.names import VOICE_IGNORED_HEADER
 from omni_tts.entrypoints.api.playground import playground_asset_names
 from omni_tts.entrypoints.api.schema import (IGNORED_FIELDS_HEADER, MAX_BATCH_AUDIO_BYTES, MAX_BATCH_ITEMS,
-                                           REPLICA_HEADER, VOICE_FORM_ALIASES, VOICE_FORM_FILES, ClientMessage,
-                                           ResponseFormat, SpeechBatchRequest, SpeechRequest, VoiceUpload)
+                                           REPLICA_HEADER, ClientMessage, ResponseFormat, SpeechBatchRequest,
+                                           SpeechRequest)
+from omni_tts.entrypoints.api.voice_schema import VOICE_FORM_ALIASES, VOICE_FORM_FILES, VoiceUpload
 
 from .dashscope.audio_links import AUDIO_PATH
 from .dashscope.qwen_openapi import dashscope_paths
 from .elevenlabs.ws_messages import openapi_paths as elevenlabs_socket_paths
 from .pronunciation.dictionary_docs import pronunciation_paths, pronunciation_schemas
 from .lora_routes import lora_paths
+from .voice_consent_docs import consent_paths, consent_schemas
 from .elevenlabs.api_document import elevenlabs_paths
 from .elevenlabs.api_document import error_response as elevenlabs_error
 from .response_schemas import (BATCH_RESPONSE, ERROR_RESPONSE, HEALTH, MODEL_LIST, SCHEMAS, SPEECH_EVENT,
@@ -196,9 +198,13 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
             "get": {"operationId": "listVoices", "summary": "Built-in speakers and uploaded voices",
                     "responses": {"200": _json("VoiceList", "all voice names, and the uploaded voices")}},
             "post": {"operationId": "uploadVoice", "summary": "Upload a reference clip or a speaker embedding as a "
-                                                             "named voice (Base models with --voices-dir)",
-                     "requestBody": {"required": True, "content": {"multipart/form-data": {
-                         "schema": {"$ref": SCHEMAS + "VoiceUpload"}}}},
+                                                             "named voice, or design one from a prompt (type "
+                                                             "prompt: a VoiceDesign model speaks it, a Base model "
+                                                             "clones it; with --voices-dir)",
+                     "requestBody": {"required": True, "content": {
+                         "multipart/form-data": {"schema": {"oneOf": [{"$ref": SCHEMAS + "VoiceUpload"},
+                                                                      {"$ref": SCHEMAS + "VoicePrompt"}]}},
+                         "application/json": {"schema": {"$ref": SCHEMAS + "VoicePrompt"}}}},
                      "responses": {
                          "200": {"description": "stored: the voice (OpenAI's Voice), and again under `voice` "
                                                 "(vllm-omni)", "content": {"application/json": {"schema": {
@@ -206,7 +212,8 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                                                         "type": "object", "required": ["success", "voice"],
                                                         "properties": {"success": {"const": True},
                                                                        "voice": {"$ref": SCHEMAS + "Voice"}}}]}}}},
-                         "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip"),
+                         "400": _error("invalid form (an unknown, repeated or mistyped field), name, text or clip; "
+                                       "an unknown consent id; type prompt without a VoiceDesign or Base model"),
                          "404": _error("voice uploads are disabled (no --voices-dir)"),
                          "409": _error("the voice limit is reached, or the name is a read-only manifest voice"),
                          "413": _error("the clip is too large, or the voice store is full"),
@@ -227,6 +234,7 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
                         "400": _error("the model is not a Base (voice clone) model"),
                         "404": _error("no such voice, or voice uploads are disabled"),
                         "503": _error("a stage is down and restarting; see Retry-After")}}},
+        **consent_paths(),
         **pronunciation_paths(),
         **lora_paths(_error),
         "/v1/models": {"get": {"operationId": "listModels", "summary": "The served model",
@@ -277,7 +285,8 @@ def openapi_document(model_names: Sequence[str], api_key_required: bool, strict_
             "VoiceEmbedding": VOICE_EMBEDDING,
             "VoiceDeleted": VOICE_DELETED, "ModelList": MODEL_LIST, "Health": HEALTH, "Usage": USAGE,
             "SpeechBatchResponse": BATCH_RESPONSE,
-            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON} | pronunciation_schemas() | other_schemas},
+            "SpeechEvent": SPEECH_EVENT, "SpeechJson": SPEECH_JSON} | consent_schemas() | pronunciation_schemas()
+            | other_schemas},
     }
     if api_key_required:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}

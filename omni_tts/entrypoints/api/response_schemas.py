@@ -15,11 +15,16 @@ VOICE = {  # VoiceRecord.to_json
     "required": ["id", "object", "type", "name", "created_at", "ref_text", "consent", "speaker_description",
                  "file_size", "mime_type", "duration_s", "embedding_source", "embedding_dim"],
     "properties": {"id": {"type": "string", "description": "the name: what DELETE and a speech request's voice take"},
-                   "object": {"const": "audio.voice"}, "type": {"enum": ["audio_sample", "speaker_embedding"]},
+                   "object": {"const": "audio.voice"},
+                   "type": {"enum": ["audio_sample", "speaker_embedding", "prompt"],
+                            "description": "prompt: designed from a description (its clip spoken by prompt's "
+                                           "VoiceDesign model, design_model)"},
+                   "prompt": {"type": "string"}, "design_model": {"type": "string"},
                    "name": {"type": "string"},
                    "created_at": {"type": "integer", "description": "unix seconds, strictly increasing per upload: "
                                                                     "the voice's version"},
-                   "ref_text": {"type": ["string", "null"]}, "consent": {"type": ["string", "null"]},
+                   "ref_text": {"type": ["string", "null"]},
+                   "consent": {"type": ["string", "null"], "description": "a consent recording's id, or free text"},
                    "speaker_description": {"type": ["string", "null"]},
                    "file_size": {"type": "integer"}, "mime_type": {"type": "string"},
                    "duration_s": {"type": ["number", "null"], "description": "the clip's; null for an embedding"},

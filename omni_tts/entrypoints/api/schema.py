@@ -1,5 +1,5 @@
-"""The HTTP API's request schemas (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions; the voice upload form) and
-error envelope.
+"""The HTTP API's request schemas (OpenAI `CreateSpeechRequest` + Qwen3-TTS extensions; the voice routes' are in
+voice_schema.py), their decoding, and the error envelope.
 
 Wrong types and out-of-range values are `ApiError`s (HTTP 400) naming the field, before anything is admitted. A
 speech request's fields are read the way vLLM reads extra fields: `speaker` is another name for `voice` (vllm-omni's),
@@ -19,8 +19,7 @@ from omni_tts.audio.resample import SAMPLE_RATES
 from omni_tts.audio.speed import MAX_SPEED, MIN_SPEED
 from omni_tts.config.settings import MAX_INPUT_CHARS, MAX_PAUSE_MS, NarrationSettings
 from omni_tts.config.stage_config import InitialChunkFrames
-from omni_tts.voices.store import (MAX_CONSENT_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBEDDING_VALUES,
-                                        MAX_REF_TEXT_CHARS)
+from omni_tts.voices.store import MAX_EMBEDDING_VALUES, MAX_REF_TEXT_CHARS
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 
 # OpenAI's input limit, for every text field but a speech request's input: it also bounds the tokenizer's time per
@@ -187,23 +186,6 @@ class MessageType(msgspec.Struct):
     type: str = ""
 
 
-class VoiceUpload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /v1/audio/voices: a multipart form with the fields of the `openai` SDK's `audio.voices.create` and of
-    vllm-omni (`ref_text`, `speaker_embedding`, `speaker_description`): the voice is a clip (`audio_sample`) or an
-    x-vector (`speaker_embedding`, a JSON list of numbers), one of them. The name's rule and the clip's limits are
-    the voice store's (voices/store.py)."""
-    name: Name
-    audio_sample: bytes | None = None
-    speaker_embedding: Embedding | None = None
-    consent: Annotated[str, msgspec.Meta(max_length=MAX_CONSENT_CHARS)] | None = None
-    speaker_description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_CHARS)] | None = None
-    ref_text: RefText | None = None
-    type: Literal["audio_sample"] = "audio_sample"   # OpenAI's other kind, "prompt", needs a voice-design model
-
-
-VOICE_FORM_ALIASES = {"file": "audio_sample"}  # what clients that upload "a file" name the clip
-VOICE_FORM_FILES = frozenset({"audio_sample"})   # read as bytes; every other field is UTF-8 text
-
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
@@ -283,6 +265,14 @@ def decode_speech_options(body: bytes | str, type_: type, strict: bool,
     return decode_json(body, type_, what), ignored
 
 
+def convert_fields(fields: dict[str, object], type_: type, what: str = "the form") -> object:
+    """A form's fields (already read) → `type_`, or ApiError(400) naming the field."""
+    try:
+        return msgspec.convert(fields, type_)
+    except msgspec.ValidationError as e:
+        raise _invalid(e, what, type_) from None
+
+
 def decode_json(body: bytes | str, type_: type, what: str = "request body") -> object:
     """A JSON object → `type_` (a Struct or a tagged union of them), or ApiError(400) naming the field."""
     if not body.strip():
@@ -346,33 +336,3 @@ def _field_at(body: bytes, at: int) -> str | None:
                 return None
             position = member.end() + end - 1   # msgspec counts the trailing character read
     return None
-
-
-def decode_voice_upload(fields: dict[str, str | bytes]) -> VoiceUpload:
-    """The form's fields (text fields as str, files as bytes) → VoiceUpload, or ApiError(400) naming the field: a
-    voice is `audio_sample` or `speaker_embedding` (JSON text in the form), exactly one."""
-    if isinstance(fields.get("speaker_embedding"), str):
-        fields = dict(fields, speaker_embedding=_embedding_field(fields["speaker_embedding"]))
-    try:
-        upload = msgspec.convert(fields, VoiceUpload)
-    except msgspec.ValidationError as e:
-        raise _invalid(e, "the form", VoiceUpload) from None
-    if upload.speaker_embedding is not None and upload.audio_sample is not None:
-        raise ApiError(400, "give audio_sample (a clip) or speaker_embedding (an x-vector), not both",
-                       "speaker_embedding")
-    if upload.speaker_embedding is None and upload.audio_sample is None:
-        raise ApiError(400, "missing required field 'audio_sample' (or 'speaker_embedding')", "audio_sample")
-    return upload
-
-
-def _embedding_field(text: str) -> list:
-    """The form's speaker_embedding, a JSON list of numbers, read by Python's reader, which takes NaN and Infinity
-    too: the checkpoint's check then refuses them by name, as for a speech request."""
-    try:
-        values = json.loads(text)
-    except (ValueError, RecursionError):
-        values = None
-    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in values):
-        raise ApiError(400, "speaker_embedding must be a JSON list of numbers", "speaker_embedding")
-    return values

@@ -13,6 +13,7 @@ from omni_tts.audio.url_fetch import RemoteAudioFetcher
 from omni_tts.voices.array_lru import ArrayLRU
 from omni_tts.entrypoints.api.metrics import ServerMetrics
 from omni_tts.entrypoints.api.schema import ApiError
+from omni_tts.voices.consents import ConsentStore
 from omni_tts.voices.store import VoiceStore, VoiceStoreBackend
 from omni_tts.voices.manifest import VoicesWithManifest
 from omni_tts.orchestrator.aligner_client import AlignerClient
@@ -57,6 +58,9 @@ class ServerState:
             VoiceStore(config.voices_dir, quota_bytes=config.voices_quota_bytes) if config.voices_dir else None)
         if config.voices_manifest is not None:
             self.voices = VoicesWithManifest(config.voices_manifest, self.voices)
+        # the consent recordings uploaded voices name, kept beside them
+        self.consents = (ConsentStore(config.voices_dir, quota_bytes=config.voices_quota_bytes)
+                         if config.voices_dir else None)
         # clip voices' x-vectors by voice version, as GET /v1/audio/voices/{name}/embedding computed them
         self.voice_embeddings = ArrayLRU(VOICE_EMBEDDINGS_BYTES)
         self.fetcher = RemoteAudioFetcher(config.ref_audio_urls) if config.ref_audio_urls else None

@@ -1,18 +1,25 @@
 """GET/POST /v1/audio/voices, DELETE /v1/audio/voices/{name} and GET /v1/audio/voices/{name}/embedding: the
-uploaded voices (voices/store.py), clips or speaker embeddings."""
+uploaded voices (voices/store.py), clips or speaker embeddings, and the voices designed from a prompt
+(voice_design.py)."""
 from __future__ import annotations
 
+import functools
 from typing import Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
-from omni_tts.entrypoints.api.schema import ApiError, VoiceUpload
+from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.voices.backend import UPLOADS_DISABLED
+from omni_tts.voices.consents import is_consent_id
 from omni_tts.voices.store import VoiceError, VoiceRecord, VoiceStoreBackend
 from omni_tts.models.qwen3_tts.prompt import RequestError, check_speaker_embedding
 
+from .access_log import request_id
+from .speech import read_body
 from .state import STATE, ServerState
+from .voice_design import design_sample
 from .voice_form import read_voice_form
+from .voice_schema import VoicePrompt, VoiceUpload, decode_voice_prompt
 
 T = TypeVar("T")
 
@@ -45,18 +52,44 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 async def upload_voice(request: web.Request) -> web.Response:
+    """A clip or x-vector upload (multipart), or a voice designed from a prompt (JSON or multipart)."""
     state = request.app[STATE]
     store = voice_store(state)
-    if state.clone_model.model_type != "base":
-        raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
     with state.voice_write_slot():
-        record = await add_voice(state, store, await read_voice_form(request, store.max_bytes))
+        if request.content_type == "application/json":
+            form = decode_voice_prompt(await read_body(request, state.config.body_read_timeout))
+        else:
+            form = await read_voice_form(request, store.max_bytes)
+        if isinstance(form, VoicePrompt):
+            record = await add_designed_voice(state, store, form, request_id(request))
+        else:
+            if state.clone_model.model_type != "base":
+                raise ApiError(400, "uploaded voices need a Base (voice clone) model", "audio_sample")
+            record = await add_voice(state, store, form)
     voice = record.to_json(_embedding_dim(state))
     return web.json_response(voice | {"success": True, "voice": voice})  # the SDK reads the top, vllm-omni `voice`
 
 
+async def add_designed_voice(state: ServerState, store: VoiceStoreBackend, form: VoicePrompt,
+                             request_id: str) -> VoiceRecord:
+    """Design the voice `form` describes and store its sample as a clip voice (call it under a write slot)."""
+    sample, script, design = await design_sample(state, form, request_id)
+    try:
+        return await state.write_voices(functools.partial(store.add, form.name, sample, script, None, design=design))
+    except VoiceError as e:  # the clip's checks name a field the client did not send: the sample its script made
+        if e.param != "audio_sample":
+            raise ApiError(e.status, str(e), e.param) from None
+        raise ApiError(e.status, f"{str(e).replace('audio_sample', 'the designed sample', 1)}; give another "
+                                 "script_hint", "script_hint") from None
+
+
 async def add_voice(state: ServerState, store: VoiceStoreBackend, form: VoiceUpload) -> VoiceRecord:
-    """Store the voice `form` gives (call it under a write slot), or ApiError naming the field."""
+    """Store the voice `form` gives (call it under a write slot), or ApiError naming the field. A `consent` shaped
+    as a consent recording's id must name one; other text is kept as given (vllm-omni's free-text consent)."""
+    if is_consent_id(form.consent) and (
+            state.consents is None or await store_call(state.run_voices, state.consents.get, form.consent) is None):
+        raise ApiError(400, f"consent recording '{form.consent}' does not exist (POST /v1/audio/voice_consents "
+                            "makes one)", "consent")
     try:
         if form.speaker_embedding is not None:
             vector = check_speaker_embedding(state.clone_model.config, form.speaker_embedding, ref_audio=False,

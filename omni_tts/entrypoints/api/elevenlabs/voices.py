@@ -12,7 +12,7 @@ from multidict import MultiMapping
 from omni_tts.entrypoints.api.aliases import DEFAULT_MODEL_ALIASES
 from omni_tts.entrypoints.api.schema import ApiError
 from omni_tts.entrypoints.api.state import STATE, ServerState
-from omni_tts.entrypoints.api.voice_form import read_voice_form
+from omni_tts.entrypoints.api.voice_form import read_upload_form
 from omni_tts.entrypoints.api.voice_routes import add_voice, store_call, voice_store
 
 from .tts_request import LANGUAGES, query_value
@@ -92,7 +92,7 @@ async def add_cloned_voice(request: web.Request) -> web.Response:
                             f"{state.clone_model.model_type} one", "files")
     store = voice_store(state)
     with state.voice_write_slot():
-        form = await read_voice_form(request, store.max_bytes, _CLONE_FIELDS, _CLONE_IGNORED, _CLONE_FORM)
+        form = await read_upload_form(request, store.max_bytes, _CLONE_FIELDS, _CLONE_IGNORED, _CLONE_FORM)
         form.name = _NOT_A_NAME.sub("_", form.name).lstrip(".")[:64] or "voice"
         record = await add_voice(state, store, form)
     return web.json_response({"voice_id": record.name, "requires_verification": False})
