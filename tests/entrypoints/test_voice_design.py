@@ -25,7 +25,7 @@ CLONE = {"input": "Clone me.", "temperature": 0, "max_new_tokens": 24, "language
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     voices_dir = tmp_path_factory.mktemp("voices")
-    server = several_models("--voices-dir", str(voices_dir))
+    server = several_models(tmp_path_factory.mktemp("models") / "models.yaml", "--voices-dir", str(voices_dir))
     server.voices_dir = voices_dir
     yield server
     server.stop()
