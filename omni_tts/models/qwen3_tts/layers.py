@@ -66,6 +66,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def pack_weights(*linears: nn.Linear) -> torch.Tensor:
+    """The linears' weights (no bias) concatenated along the output, each linear's weight then a view of it."""
+    packed = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.out_features
+        linear.weight = nn.Parameter(packed[start:start + rows], requires_grad=False)
+        start += rows
+    return packed
+
+
 class KVCache:
     """Static per-layer key/value buffers: [layers, B, kv_heads, max_len, head_dim].
 
@@ -104,6 +115,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qkv_weight: torch.Tensor | None = None   # pack_projections()
+
+    def pack_projections(self) -> None:
+        """q, k and v in one matmul (two kernels fewer a layer, and one read of the input): their weights concatenated
+        once, the three linears' weights made views of it (no second copy)."""
+        self.qkv_weight = pack_weights(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor,
@@ -112,7 +129,11 @@ class Attention(nn.Module):
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         # lora: each row's adapter added to the linears (lora_slots.py); None: the plain linears, no extra kernel
         b, length, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qkv_weight is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = F.linear(x, self.qkv_weight).split(
+                (self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features), dim=-1)
         if lora is not None:
             q, k, v = lora.add("self_attn.qkv", x, (q, k, v))
         q = self.q_norm(q.view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
@@ -139,9 +160,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None   # pack_projections()
+
+    def pack_projections(self) -> None:
+        """gate and up in one matmul (one kernel fewer a layer), as Attention's."""
+        self.gate_up_weight = pack_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, lora: "LayerLoRA | None" = None) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
         if lora is None:
             return self.down_proj(F.silu(gate) * up)
         gate, up = lora.add("mlp.gate_up", x, (gate, up))
@@ -172,6 +201,12 @@ class DecoderStack(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def pack_projections(self) -> None:
+        """Every layer's q/k/v and gate/up matmuls packed (Attention.pack_projections): 3 kernels fewer a layer."""
+        for layer in self.layers:
+            layer.self_attn.pack_projections()
+            layer.mlp.pack_projections()
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor | None, cache: KVCache, slots: int | torch.Tensor,
                    mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -109,6 +109,8 @@ class Qwen3TTS:
         self.talker: Talker = weights.talker
         self.talker.code_predictor.fold_embedding_projections()
         self.talker.fold_text_projection()
+        self.talker.model.pack_projections()
+        self.talker.code_predictor.model.pack_projections()
         self.speaker_encoder: SpeakerEncoder | None = weights.speaker_encoder
         # Base reference audio → codes needs the speech encoder
         speech = load_speech_tokenizer(model_dir, self.speech_config, self.device, dtype,
