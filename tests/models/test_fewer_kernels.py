@@ -1,16 +1,17 @@
-"""Packed projections (issue 34: fewer kernels a step): a layer's q/k/v and gate/up in one matmul each. A packed
-layer equals the plain one on random inputs (the same products, one matmul wider) and runs 3 kernels fewer; the packed
-linears' weights are views of the packed one (no second copy). The goldens stay exact with packing on (Qwen3TTS packs
-at load: tests/engine/test_synthesize.py, tests/models/test_talker_parity.py)."""
+"""Fewer kernels a step (issue 34), each against its plain reference: a layer's q/k/v and gate/up packed into one
+matmul each equals the plain layer on random inputs (the same products, one matmul wider) with 3 matmuls fewer, the
+packed linears' weights views of the packed one (no second copy); RoPE as a roll against a sign-folded sin table is
+the reference's rotate_half form bit for bit. The goldens stay exact with both (Qwen3TTS packs at load:
+tests/engine/test_synthesize.py, tests/models/test_talker_parity.py)."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
-from omni_tts.models.qwen3_tts.layers import DecoderLayer, causal_mask, rope_cos_sin
-
 from conftest import FIXTURES
+from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.layers import DecoderLayer, apply_rope, causal_mask, rope_cos_sin
 
 sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
 from bench_step_ops import OpCounter  # noqa: E402
@@ -47,3 +48,18 @@ def test_a_packed_layer_equals_the_plain_one_with_three_matmuls_fewer():
     assert all(torch.equal(p, weights[name]) for name, p in layer.named_parameters())
     q = layer.self_attn.q_proj.weight
     assert q.data_ptr() == layer.self_attn.qkv_weight.data_ptr()   # a view, not a copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_as_a_roll_is_the_references_rotate_half_bit_for_bit(dtype):
+    torch.manual_seed(1)
+    x = torch.randn(2, 4, 7, 32).to(dtype)
+    positions = torch.randint(0, 4000, (2, 7))
+    cos, signed_sin = rope_cos_sin(positions, 32, 1_000_000.0, dtype)
+    inv_freq = 1.0 / (1_000_000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))   # the reference's tables
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    sin = emb.sin().to(dtype)
+    assert torch.equal(cos, emb.cos().to(dtype))
+    rotate_half = torch.cat((-x[..., 16:], x[..., :16]), dim=-1)
+    assert torch.equal(apply_rope(x, cos, signed_sin), x * cos + rotate_half * sin)
