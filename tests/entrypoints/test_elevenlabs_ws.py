@@ -4,6 +4,7 @@ and bad input."""
 import asyncio
 import base64
 import contextlib
+import functools
 import subprocess
 import threading
 
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 from elevenlabs.client import ElevenLabs
 from elevenlabs.core.api_error import ApiError
+from elevenlabs import realtime_tts
 from elevenlabs.realtime_tts import text_chunker
 
 from audio_util import assert_same_audio
@@ -155,6 +157,9 @@ def test_the_sdk_convert_realtime_equals_the_speech_route(server, tmp_path, monk
     sends its init, text chunks and the empty text, and reads audio until the close (1000)."""
     proxy = TlsProxy(server.port, tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(proxy.cert))
+    # the SDK waits 10 s for the upgrade's answer (websockets' open_timeout); through the relay on a loaded 2-core
+    # machine it once came later (a CI run): the timeout is the test's, not the behaviour under test
+    monkeypatch.setattr(realtime_tts, "connect", functools.partial(realtime_tts.connect, open_timeout=60))
     try:
         client = ElevenLabs(api_key=KEY, base_url=f"https://127.0.0.1:{proxy.port}")
         audio = b"".join(client.text_to_speech.convert_realtime(
