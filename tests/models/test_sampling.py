@@ -228,3 +228,20 @@ def test_frame_cap_ends_a_runaway_utterance_with_length():
     longer = synthesize(tts, [SynthesisRequest(text="Hi.", voice="ryan", language="english", sampling=SamplingParams(
         temperature=0, repetition_penalty=1.0, max_new_tokens=40))], token_cap_floor=None)[0]
     assert longer.codes.shape[0] > 23
+
+
+def test_the_noise_hash_products_are_the_overflow_free_ones_bit_for_bit():
+    """`_mul32` takes one int64 product that wraps (its low 32 bits kept) where the overflow-free form split c into
+    16-bit halves: the same bits over the whole uint32 range, contiguous, strided and small tensors alike (the
+    vectorized and the scalar loops), so every seeded draw is as before."""
+    from omni_tts.models.qwen3_tts.sampling import _MASK32, _mul32
+
+    def overflow_free(x, c):
+        return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2**32, (1_000_000,), generator=generator, dtype=torch.int64)
+    x[:4] = torch.tensor([0, 1, 2**32 - 1, 2**31])
+    for c in (0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9, 2**32 - 1):
+        for values in (x, x[::3], x.view(1000, -1)[:, :7]):
+            assert torch.equal(_mul32(values, c), overflow_free(values, c))
