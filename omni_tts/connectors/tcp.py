@@ -234,7 +234,7 @@ class TcpChunkWriter(ChunkWriterBase):
 
     def _stop(self, timeout: float) -> None:
         if self._kick is not None:
-            self._kick.send(b"", zmq.NOBLOCK)
+            _wake(self._kick)
         stop_threads(self._threads, self._ctx, [self._kick], timeout, "TcpChunkWriter")
 
     def _io_loop(self, link: zmq.Socket, kicked: zmq.Socket) -> None:
@@ -310,7 +310,7 @@ class TcpChunkReader(ChunkReaderBase):
 
     def _stop(self, timeout: float) -> None:
         if self._wake_tx is not None:
-            self._wake_tx.send(b"", zmq.NOBLOCK)
+            _wake(self._wake_tx)
         stop_threads(self._threads, self._ctx, [self._releases, self._wake_tx], timeout, "TcpChunkReader")
 
     def _io_loop(self, link: zmq.Socket, zap: zmq.Socket, released: zmq.Socket, wake: zmq.Socket) -> None:
@@ -380,3 +380,12 @@ def _forward_releases(link: zmq.Socket, released: zmq.Socket, senders: dict[int,
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
         logger.warning("no writer to release slot %d to: the connection it came on is gone", slot)
+
+
+def _wake(sock: zmq.Socket) -> None:
+    """Wake the I/O thread blocked in poll. One that saw the close first has returned and closed its end of the
+    pair: the send has nowhere to go (zmq.Again), and there is nothing to wake."""
+    try:
+        sock.send(b"", zmq.NOBLOCK)
+    except zmq.Again:
+        pass
