@@ -33,11 +33,11 @@ class TalkerEngine:
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_batch_size: int, max_model_len: int,
                  max_prefill_tokens_per_step: int, max_text_tokens: int, static_shapes: bool = False,
                  cuda_graphs: bool = False, max_loras: int = 0, max_lora_rank: int = 16) -> None:
-        """static_shapes: bucketed decode shapes (what CUDA graphs replay); cuda_graphs: capture them at start-up
-        (CUDA only; implies static_shapes); max_loras: LoRA adapters loaded at once (0: no LoRA rows, the plain
-        step), each of rank <= max_lora_rank."""
+        """static_shapes: bucketed prefill and decode shapes (what CUDA graphs replay); cuda_graphs: capture them at
+        start-up (CUDA only; implies static_shapes); max_loras: LoRA adapters loaded at once (0: no LoRA rows, the
+        plain step), each of rank <= max_lora_rank."""
         self.runner = TalkerRunner(talker, config, max_batch_size, max_model_len, max_trailing_rows(max_text_tokens),
-                                   static_shapes, cuda_graphs, max_loras, max_lora_rank)
+                                   static_shapes, cuda_graphs, max_loras, max_lora_rank, max_prefill_tokens_per_step)
         self.scheduler = TalkerScheduler(max_batch_size, self.runner.num_buffer_rows, max_model_len,
                                          max_prefill_tokens_per_step, max_text_tokens, config.talker.codec_eos_token_id)
         self.num_steps = 0

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.device_copy import to_device
 from omni_tts.models.qwen3_tts.layers import KVCache
 from omni_tts.models.qwen3_tts.lora_slots import LoRASlots, StackLoRA
 from omni_tts.models.qwen3_tts.sampling import STATIC_PATHS, BatchSampler, SamplingPaths, warp_and_sample
@@ -38,6 +39,7 @@ from omni_tts.models.qwen3_tts.talker import Talker
 
 from .buckets import batch_buckets, bucket
 from .cuda_graphs import capture
+from .talker_prefill import MAX_PREFILL_BATCH, StaticPrefill, prefill_groups
 from .talker_scheduler import RowMove, TalkerRequest
 
 logger = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ def _num_buffer_rows(max_rows: int, static_shapes: bool) -> int:
 class TalkerRunner:
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_rows: int, max_model_len: int,
                  max_trailing: int, static_shapes: bool = False, cuda_graphs: bool = False, max_loras: int = 0,
-                 max_lora_rank: int = 16) -> None:
+                 max_lora_rank: int = 16, max_prefill_tokens: int = 1024) -> None:
         tc = config.talker
         self.talker, self.config = talker, config
         self.device, self.dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
@@ -99,6 +101,11 @@ class TalkerRunner:
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor(config.tts_pad_token_id, device=dev)).to(dt)
             self.cp_positions = talker.code_predictor.frame_positions(dev, dt)
+        # static shapes: the admitted rows' logits (the prefill writes them by row index), the prefill's buffers
+        self.logits = torch.zeros(rows, tc.vocab_size, device=dev, dtype=dt) if self.static_shapes else None
+        self.static_prefill = (StaticPrefill(talker, tc, min(max_prefill_tokens, max_model_len - 1),
+                                             max_prefill_tokens, self.cache, self.hidden, self.logits,
+                                             self.adapter_slots, self.lora) if self.static_shapes else None)
         self.graphs: dict[tuple[int, int, SamplingPaths, bool], torch.cuda.CUDAGraph] = {}  # (rows, slots, paths, lora)
         if self.cuda_graphs:
             self.capture_graphs()
@@ -106,24 +113,20 @@ class TalkerRunner:
     # --- prefill --------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, requests: list[TalkerRequest], first_row: int) -> None:
-        """Prefill several prompts in one forward (right-padded; padding keys land beyond each row's length,
-        where the first decode steps overwrite them and no mask ever reaches), into rows first_row.., and
-        sample each row's first c0."""
-        k, longest = len(requests), max(r.prompt_len for r in requests)
-        lengths = torch.tensor([r.prompt_len for r in requests], device=self.device)
-        embeds = torch.zeros(k, longest, self.hidden.shape[1], device=self.device, dtype=self.dtype)
-        for i, request in enumerate(requests):
-            embeds[i, :request.prompt_len] = request.prefill
-        key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
+        """Prefill the admitted prompts into rows first_row.., and sample each row's first c0. With static shapes
+        in groups of static shapes (talker_prefill.py; a graph each on CUDA), a prompt longer than the largest
+        bucket by the dynamic prefill alone; without, all in one dynamic forward."""
+        k = len(requests)
         rows = slice(first_row, first_row + k)
-        lora = None
+        lengths = to_device(torch.tensor([r.prompt_len for r in requests]), self.device)
         if self.lora is not None:
             self.host_adapter_slots[rows] = [r.lora_slot for r in requests]
-            self.adapter_slots[rows] = torch.from_numpy(self.host_adapter_slots[rows]).to(self.device)
-            lora = self._lora_rows(rows)[0] if self._has_adapter_rows(rows) else None
-        hidden, logits = self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid,
-                                             lora)
-        self.hidden[rows] = hidden
+            self.adapter_slots[rows] = to_device(torch.from_numpy(self.host_adapter_slots[rows]), self.device)
+        if self.static_prefill is None:
+            self.hidden[rows], logits = self._prefill_dynamic(requests, first_row, lengths)
+        else:
+            self._prefill_static(requests, first_row, lengths)
+            logits = self.logits[rows]
         for i, request in enumerate(requests):
             self.sampler.set_row(first_row + i, request.sampling)
             self.append_trailing(first_row + i, 0, request.trailing)
@@ -131,6 +134,33 @@ class TalkerRunner:
         self.c0[rows] = self.sampler.sample_talker(logits, rows, self.sampler.noise_keys(rows)[:, 0], talker_paths)
         self.steps[rows] = 0
         self.lengths[rows] = lengths
+
+    def _prefill_static(self, requests: list[TalkerRequest], first_row: int, lengths: torch.Tensor) -> None:
+        """The prompts in static-shape groups (their hidden states and logits into self.hidden and self.logits),
+        the ones beyond the largest bucket each by the dynamic prefill."""
+        prefill = self.static_prefill
+        groups, eager = prefill_groups([r.prompt_len for r in requests], prefill.length_buckets, prefill.capacity)
+        for length, members in groups:
+            rows = [first_row + i for i in members]
+            prefill.prefill([requests[i].prefill for i in members], rows, length, self._has_adapter_rows(rows))
+        for i in eager:
+            row = first_row + i
+            self.hidden[row:row + 1], self.logits[row:row + 1] = self._prefill_dynamic([requests[i]], row,
+                                                                                      lengths[i:i + 1])
+
+    def _prefill_dynamic(self, requests: list[TalkerRequest], first_row: int,
+                         lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several prompts in one forward (right-padded to the longest; padding keys land beyond each row's length,
+        where the first decode steps overwrite them and no mask ever reaches) into rows first_row..: their last
+        hidden states [k, H] and logits."""
+        k, longest = len(requests), max(r.prompt_len for r in requests)
+        embeds = torch.zeros(k, longest, self.hidden.shape[1], device=self.device, dtype=self.dtype)
+        for i, request in enumerate(requests):
+            embeds[i, :request.prompt_len] = request.prefill
+        key_valid = torch.arange(longest, device=self.device)[None] < lengths[:, None]
+        rows = slice(first_row, first_row + k)
+        lora = self._lora_rows(rows)[0] if self._has_adapter_rows(rows) else None
+        return self.talker.prefill(embeds, lengths, self.cache.rows(first_row, first_row + k), key_valid, lora)
 
     @torch.inference_mode()
     def append_trailing(self, row: int, start: int, rows: torch.Tensor) -> None:
@@ -204,7 +234,7 @@ class TalkerRunner:
                 x = predictor.embed_codebook(codes[-1], j)
         return torch.stack(codes, dim=1)
 
-    def _has_adapter_rows(self, rows: slice) -> bool:
+    def _has_adapter_rows(self, rows: slice | list[int]) -> bool:
         return self.lora is not None and bool(self.host_adapter_slots[rows].any())
 
     def _lora_rows(self, rows: slice) -> tuple[StackLoRA, StackLoRA]:
@@ -213,17 +243,18 @@ class TalkerRunner:
         return self.lora.forward_rows(self.adapter_slots[rows])
 
     def capture_graphs(self) -> None:
-        """One CUDA graph per (rows, slots) bucket, sampling path set and (with LoRA slots) with and without the
-        adapters, largest first so smaller graphs reuse its memory pool. Two path sets double the capture time and
-        the graphs, and buy a replay without the sorted vocabulary's sorts and per-id noise, most of a step's
-        kernels, in the common case (every row keeps a small top-k); the LoRA kinds double them again, and buy rows
-        on the base model the plain step. The warm-up and captured runs touch only free rows (nothing runs yet);
-        their state is reset after."""
-        pool = None
+        """Every prefill group shape (talker_prefill.py) first, then one CUDA graph per decode (rows, slots)
+        bucket, sampling path set and (with LoRA slots) with and without the adapters, largest first so smaller
+        graphs reuse the memory pool. Two path sets double the decode graphs, and buy a replay without the sorted
+        vocabulary's sorts and per-id noise, most of a step's kernels, in the common case (every row keeps a small
+        top-k); the LoRA kinds double every graph again, and buy rows on the base model the plain forwards. The
+        warm-up and captured runs touch only free rows (nothing runs yet); their state is reset after."""
+        lora_kinds = LORA_KINDS[self.lora is not None]
         with torch.inference_mode():
+            pool = self.static_prefill.capture_graphs(lora_kinds)
             for slots in reversed(self.slot_buckets):
                 for rows in reversed(self.batch_buckets):
-                    for paths, lora in itertools.product(STATIC_PATHS, LORA_KINDS[self.lora is not None]):
+                    for paths, lora in itertools.product(STATIC_PATHS, lora_kinds):
                         graph, _ = capture(lambda: self._decode_rows(rows, slots, paths, paths, lora), self.device,
                                            pool)
                         pool = graph.pool()
@@ -231,9 +262,10 @@ class TalkerRunner:
             torch.cuda.synchronize(self.device)
             for buffer in (self.lengths, self.steps, self.trailing_len, self.c0):
                 buffer.zero_()
-        logger.info("talker: captured %d CUDA graphs (rows %s x slots %s x %d sampling path sets x %s)",
-                    len(self.graphs), self.batch_buckets, self.slot_buckets, len(STATIC_PATHS),
-                    "with and without LoRA" if self.lora is not None else "no LoRA")
+        logger.info("talker: captured %d decode CUDA graphs (rows %s x slots %s x %d sampling path sets x %s) and "
+                    "%d prefill graphs (1-%d prompts x lengths %s)", len(self.graphs), self.batch_buckets,
+                    self.slot_buckets, len(STATIC_PATHS), "with and without LoRA" if self.lora is not None else
+                    "no LoRA", len(self.static_prefill.graphs), MAX_PREFILL_BATCH, self.static_prefill.length_buckets)
 
     # --- rows -----------------------------------------------------------------------------------------------
     @torch.inference_mode()

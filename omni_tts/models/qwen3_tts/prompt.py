@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .checkpoint_config import Qwen3TTSConfig
+from .device_copy import to_device
 from .lexicon import Lexicon
 from .sampling import SamplingParams
 from .talker import Talker
@@ -96,6 +97,9 @@ class TalkerPrompt(msgspec.Struct, omit_defaults=True):
 
 # prompt rows besides the text: role (3), codec tag (≤ 4), speaker (1), pad/bos (1), tts_eos and codec_bos (2)
 _CONTROL_ROWS = 11
+# the fewest rows a prompt has (the streaming layout without instructions, language or speaker row: role (3), codec
+# tag (3), pad/bos (1), the first text token (1)); a language adds a tag row, a CustomVoice speaker or x-vector one
+MIN_PROMPT_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -308,7 +312,7 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt,
     device = talker.codec_head.weight.device
 
     def ids(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
+        return to_device(torch.tensor(values, dtype=torch.long), device)
 
     def text(values: list[int]) -> torch.Tensor:
         return text_rows(talker, values)
@@ -323,7 +327,7 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt,
     if prompt.speaker_id is not None:
         codec_rows.append(codec([prompt.speaker_id]))
     elif prompt.speaker_embedding is not None:
-        codec_rows.append(prompt.speaker_embedding.to(device=device, dtype=tts_pad.dtype)[None])
+        codec_rows.append(to_device(prompt.speaker_embedding, device).to(tts_pad.dtype)[None])
     codec_prefix = torch.cat(codec_rows)
     head = [text(prompt.instruct_ids)] if prompt.instruct_ids else []
     head += [text(prompt.role_ids), codec_prefix + tts_pad, (codec([tc.codec_pad_id]) + tts_bos)]
@@ -333,7 +337,7 @@ def embed_prompt(talker: Talker, config: Qwen3TTSConfig, prompt: TalkerPrompt,
     end = [tts_eos[None]] if text_done else []
     if prompt.is_icl:
         tt = torch.cat([text(prompt.ref_text_ids + prompt.text_ids)] + end)
-        cc = torch.cat([codec([tc.codec_bos_id]), talker.embed_frame(prompt.ref_codes.to(device))])
+        cc = torch.cat([codec([tc.codec_bos_id]), talker.embed_frame(to_device(prompt.ref_codes, device))])
         if prompt.non_streaming:
             body = [tt + codec([tc.codec_pad_id]), cc + tts_pad]
             trailing = tts_pad[None]
@@ -362,4 +366,4 @@ def embed_text(talker: Talker, config: Qwen3TTSConfig, text_ids: list[int], text
 def text_rows(talker: Talker, ids: list[int]) -> torch.Tensor:
     """T(id) [n, H]: with the folded text table (Talker.fold_text_projection, as loaded), one lookup however many,
     and a text cut into pieces gets the whole text's bits."""
-    return talker.embed_text(torch.tensor(ids, dtype=torch.long, device=talker.codec_head.weight.device))
+    return talker.embed_text(to_device(torch.tensor(ids, dtype=torch.long), talker.codec_head.weight.device))
