@@ -88,16 +88,18 @@ def synthesize(tts: Qwen3TTS, requests: list[SynthesisRequest], token_cap_floor:
 
 def generate_codes(talker: Talker, config: Qwen3TTSConfig, prefills: list[torch.Tensor],
                    trailings: list[torch.Tensor], params: list[ResolvedSampling], limits: list[int],
-                   loras: Sequence[LoRAAdapter | None] | None = None) -> list[GeneratedCodes]:
+                   loras: Sequence[LoRAAdapter | None] | None = None,
+                   static_shapes: bool = False) -> list[GeneratedCodes]:
     """prefills[i]: [L_i, H]; trailings[i]: [T_i, H]; limits[i]: max sampled tokens; loras[i]: row i's adapter.
-    All rows run as one batch."""
+    All rows run as one batch; static_shapes: the engine's (what the server's graphs replay; the same codes)."""
     longest = max(p.shape[0] + limit for p, limit in zip(prefills, limits))
     loras = list(loras or [None] * len(prefills))
     adapters = {id(a): a for a in loras if a is not None}   # each distinct adapter in one slot
     engine = TalkerEngine(talker, config, max_batch_size=len(prefills), max_model_len=max(16, longest + 1),
                           max_prefill_tokens_per_step=sum(p.shape[0] for p in prefills),
                           max_text_tokens=max(t.shape[0] for t in trailings), max_loras=len(adapters),
-                          max_lora_rank=max((a.rank for a in adapters.values()), default=1))
+                          max_lora_rank=max((a.rank for a in adapters.values()), default=1),
+                          static_shapes=static_shapes)
     for key, adapter in adapters.items():
         engine.load_lora(str(key), adapter)
     frames: dict[str, list[np.ndarray]] = {}
