@@ -14,6 +14,14 @@ device→host copy per step (through pinned memory, waited for by an event on th
 sync. The buffers hold `num_buffer_rows` = max_rows + the largest padding (at least 1) rows: parked rows
 (waiting for text) live at the top, where no bucket's padding reaches (talker_scheduler.py).
 
+The prefill: with static shapes the admitted prompts run in groups of 1-MAX_PREFILL_BATCH prompts at a length
+bucket (talker_prefill.py), each on a staging KV cache scattered into its rows by a row index, so one graph per
+(prompts, length) serves any rows; on CUDA every one is captured at start-up with the decode graphs (one memory
+pool), and an admission costs a replay per group instead of a launch-bound eager forward that every running stream
+waits for. A prompt longer than the largest bucket is prefilled eagerly (dynamic shapes), and without static shapes
+all prompts are, in one right-padded forward. The first c0 is drawn outside the graph, from the logits the prefill
+left in `logits`. Its inputs reach the GPU through pinned memory, without blocking (device_copy.py).
+
 LoRA rows (max_loras > 0): the adapters sit in static slot buffers (lora_slots.py) and each row holds its adapter
 slot (0 = none) in `adapter_slots`, set at prefill and moved with the row; every forward (prefill, the talker's and
 the code predictor's decode) adds each row's adapter to the layers' linears. Loading an adapter between two steps
