@@ -77,7 +77,8 @@ class StaticPrefill:
         self.adapter_slots, self.lora = adapter_slots, lora
         self.length_buckets = prefill_length_buckets(max_len)
         # a group never holds more than MAX_PREFILL_BATCH of the longest; eight short prompts always fit one
-        self.capacity = max(min(capacity, MAX_PREFILL_BATCH * max_len), MAX_PREFILL_BATCH * min(max_len, EXACT_PREFILL_MAX))
+        self.capacity = max(min(capacity, MAX_PREFILL_BATCH * max_len),
+                            MAX_PREFILL_BATCH * min(max_len, EXACT_PREFILL_MAX))
         device, dtype = hidden.device, hidden.dtype
         self.embeds = torch.zeros(self.capacity, cfg.hidden_size, device=device, dtype=dtype)   # [b*L, H] flat
         self.lengths = torch.ones(MAX_PREFILL_BATCH, dtype=torch.long, device=device)
