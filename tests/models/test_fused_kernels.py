@@ -7,13 +7,21 @@ summation order, moves a result across a bf16 rounding boundary: one bf16 step (
 1 % of the values (none, on the machine these were written on), and the residual sums (one rounding of an exact
 fp32 sum) are bit for bit. What a GPU computes is checked on the device by
 benchmarks/gpu_checks.py."""
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import FIXTURES
+from omni_tts.engine.offline import prepare
+from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import Attention, DecoderLayer, RMSNorm, causal_mask, rope_cos_sin
+from omni_tts.models.qwen3_tts.model import Qwen3TTS
+from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
+from omni_tts.models.qwen3_tts.talker import import_fused_kernels
 
 fused_kernels = pytest.importorskip("omni_tts.models.qwen3_tts.fused_kernels")
 
@@ -125,3 +133,33 @@ def test_a_layer_with_the_fused_kernels_equals_the_plain_layer(dtype):
         outputs.append((branch, total, caches))
     for fused_value, plain_value in zip(outputs[1], outputs[0]):
         assert_near(fused_value, plain_value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, monkeypatch):
+    """Three static-shape steps of two sampled rows (top-k 50, the checkpoints' default) on the tiny model: the same
+    codes with the fused kernels as with the plain ops, and every layer pass on the kernels (none left plain)."""
+    tts = Qwen3TTS(str(FIXTURES / "tiny-custom-voice"), dtype=dtype)
+    launches = Counter()
+    for name in ("add_rms_norm", "qk_norm_rope", "silu_mul"):
+        kernel = getattr(fused_kernels, name)
+        monkeypatch.setattr(fused_kernels, name,
+                            lambda *args, _kernel=kernel, _name=name: launches.update([_name]) or _kernel(*args))
+    frames = []
+    for kernels in (None, import_fused_kernels(dtype)):
+        tts.talker.use_fused_kernels(kernels)
+        engine = TalkerEngine(tts.talker, tts.config, 2, 300, 512, 64, static_shapes=True)
+        for i in range(2):
+            p = prepare(tts, SynthesisRequest(text=f"Sentence {i}: the quick brown fox.", voice="ryan",
+                                              sampling=SamplingParams(temperature=0.9, top_k=50, seed=i)))
+            engine.add_request(TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, p.max_tokens))
+        engine.step()   # the prefill and a first step
+        launches.clear()
+        outputs = [o for _ in range(2) for o in engine.step()]
+        frames.append([(o.request_id, o.frame.tolist()) for o in outputs])
+    assert len(frames[1]) == 4 and frames[1] == frames[0]
+    # a step: the talker's forward and the code predictor's 15, each 2 layers: per forward 2 norms a layer + the
+    # final norm, one q/k kernel and one SiLU·up a layer
+    forwards, layers = 16 * 2, 2
+    assert launches == {"add_rms_norm": forwards * (2 * layers + 1), "qk_norm_rope": forwards * layers,
+                        "silu_mul": forwards * layers}
