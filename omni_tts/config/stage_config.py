@@ -37,6 +37,20 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # the first codec chunk's frames, as a stage YAML defaults it and a request may set it; it must also fit a ring slot
 # (ConnectorConfig.check_chunk_frames, which knows the slot's size)
 InitialChunkFrames = PositiveInt
+# named chunk schedules, in codec frames (the last repeats), after Nari's `ttfa` and `balanced` profiles
+# (../shared/docs/gpu_leaders.md): latency keeps the first chunks small (early first audio, more chunks to decode);
+# load starts at 4 frames, so that many streams' first chunks cost code2wav fewer calls and players start with a
+# buffer (fewer underruns while the GPU is busy)
+CHUNK_PROFILES: dict[str, tuple[int, ...]] = {"latency": (1, 2, 4, 8, 12), "load": (4, 4, 8, 16, 25)}
+DOUBLING_DEFAULTS = (2, 25)   # initial_codec_chunk_frames, codec_chunk_frames without a chunk_schedule
+
+
+def doubling_frames(first: int, most: int) -> tuple[int, ...]:
+    """Chunks that double from `first` up to `most` (1, 2, 4, 8, 16, 25), the last repeated."""
+    frames = [first]
+    while frames[-1] < most:
+        frames.append(min(2 * frames[-1], most))
+    return tuple(frames) if first <= most else (first, most)
 
 
 class StageConfigError(ValueError):
@@ -115,9 +129,16 @@ class ConnectorConfig(_Config):
     kind local: the fused layout, both stages in one process (code2wav on a thread and, on a GPU, a CUDA stream of
     its own) and chunks handed over in memory; ring_slots bounds them the same way.
     """
-    initial_codec_chunk_frames: InitialChunkFrames = 2  # first chunk: low time-to-first-audio
-    # later chunks double from the first up to this size (FrameChunker): the player's second packet comes early
-    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25
+    # chunk sizes, one of: today's doubling (chunk_schedule unset), from initial_codec_chunk_frames (default 2) up to
+    # codec_chunk_frames (default 25), so the player's second packet comes early (FrameChunker); a named profile
+    # (CHUNK_PROFILES: latency, load; auto picks one per request by the talker's load); or an explicit list of frames,
+    # its last repeated. A request's own initial_codec_chunk_frames sets its first chunk in every case.
+    chunk_schedule: Literal["latency", "load", "auto"] | list[int] | None = None
+    initial_codec_chunk_frames: InitialChunkFrames | None = None  # first chunk: low time-to-first-audio
+    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] | None = None
+    # chunk_schedule auto: a request that finds this many requests in the talker (running, parked or waiting) gets
+    # the load profile, fewer the latency one
+    auto_load_requests: PositiveInt = 8
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
     kind: Literal["shm", "tcp", "local"] = "shm"
@@ -125,8 +146,7 @@ class ConnectorConfig(_Config):
     tcp_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None  # kind tcp: None or 0 = a free port
 
     def __post_init__(self) -> None:
-        for name in ("initial_codec_chunk_frames", "codec_chunk_frames"):
-            self.check_chunk_frames(name, getattr(self, name))
+        self._check_chunk_schedule()
         if self.kind != "tcp":
             for name in ("tcp_host", "tcp_port"):
                 if getattr(self, name) is not None:
@@ -140,6 +160,50 @@ class ConnectorConfig(_Config):
             ipaddress.ip_address(self.tcp_host)
         except ValueError:  # zmq binds an address, not a name
             raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
+
+    def _check_chunk_schedule(self) -> None:
+        doubling = ("initial_codec_chunk_frames", "codec_chunk_frames")
+        if self.chunk_schedule is None:
+            for name, default in zip(doubling, DOUBLING_DEFAULTS):
+                if getattr(self, name) is None:
+                    msgspec.structs.force_setattr(self, name, default)
+                self.check_chunk_frames(name, getattr(self, name))
+            return
+        for name in doubling:
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not used with chunk_schedule (the schedule sets every chunk; a request "
+                                 f"may still set its first)")
+        if isinstance(self.chunk_schedule, list):
+            if not self.chunk_schedule:
+                raise ValueError("chunk_schedule: an empty list; give the chunks' frames, the last repeated")
+            for frames in self.chunk_schedule:
+                self.check_chunk_frames("chunk_schedule", frames)
+            return
+        for name in ("latency", "load") if self.chunk_schedule == "auto" else (self.chunk_schedule,):
+            if max(CHUNK_PROFILES[name]) > self.ring_slot_frames:
+                raise ValueError(f"chunk_schedule: the {name} profile's chunks ({list(CHUNK_PROFILES[name])}) must "
+                                 f"fit ring_slot_frames ({self.ring_slot_frames})")
+
+    def chunk_frames(self, first: int | None, num_requests: int) -> tuple[int, ...]:
+        """The frames of a request's chunks, the last repeated: by the schedule (auto: by `num_requests`, those the
+        talker holds as the request starts), the first chunk `first` when the request sets one."""
+        if self.chunk_schedule is None:
+            assert self.initial_codec_chunk_frames is not None and self.codec_chunk_frames is not None
+            return doubling_frames(first or self.initial_codec_chunk_frames, self.codec_chunk_frames)
+        if isinstance(self.chunk_schedule, list):
+            frames = tuple(self.chunk_schedule)
+        elif self.chunk_schedule == "auto":
+            frames = CHUNK_PROFILES["load" if num_requests >= self.auto_load_requests else "latency"]
+        else:
+            frames = CHUNK_PROFILES[self.chunk_schedule]
+        if first is None:
+            return frames
+        return (first, *frames[1:]) if len(frames) > 1 else (first, frames[0])
+
+    @property
+    def max_chunk_frames(self) -> int:
+        """The largest chunk the schedule cuts but a request's own first (code2wav sizes its decoder calls by it)."""
+        return max(max(self.chunk_frames(None, 0)), max(self.chunk_frames(None, self.auto_load_requests)))
 
 
     def check_chunk_frames(self, name: str, frames: int) -> None:
@@ -276,7 +340,7 @@ _LITERAL_ORDER = {frozenset(get_args(DType)): get_args(DType)}
 
 
 def _split_path(path: str) -> list[str]:
-    # "$.stages.talker.dtype" -> ["stages", "talker", "dtype"]; no arrays in this schema
+    # "$.stages.talker.dtype" -> ["stages", "talker", "dtype"]; a list's item stays one part ("chunk_schedule[0]")
     return [p for p in path.removeprefix("$").split(".") if p]
 
 
@@ -326,6 +390,8 @@ def _describe(info: msgspec.inspect.Type) -> str:
         return "a number" + _bounds(info)
     if isinstance(info, ins.StrType):
         return "a string" + (f" matching {info.pattern!r}" if info.pattern else "")
+    if isinstance(info, ins.ListType):
+        return f"a list ({_describe(info.item_type)} each)"
     if isinstance(info, ins.StructType):
         return "a mapping with keys " + ", ".join(f.name for f in info.fields)
     return type(info).__name__.removesuffix("Type").lower()

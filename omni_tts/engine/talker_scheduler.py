@@ -171,6 +171,11 @@ class TalkerScheduler:
                                     num_parked=len(self.parked), free_rows=self.max_rows - self._num_rows_in_use(),
                                     request_ids=[r.request_id for r in self.requests()])
 
+    @property
+    def num_requests(self) -> int:
+        """Requests it holds: running, parked, waiting (the talker's load)."""
+        return len(self.running) + len(self.parked) + len(self.waiting)
+
     def requests(self) -> list[TalkerRequest]:
         """Every request it holds: running, parked, waiting."""
         return self.running + self.parked + list(self.waiting)
