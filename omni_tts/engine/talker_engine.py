@@ -1,9 +1,9 @@
 """Stage 0: the talker with continuous batching (requests join and leave at every step).
 
 A step reads schedule → run → postprocess: the torch-free `TalkerScheduler` picks the rows (admitting waiting
-requests within a prefill token budget, after this step's decode when a stream is about to run dry), the `TalkerRunner` prefills the admitted prompts together and runs one
-decode step for every row on the device, and the scheduler turns the step's [B, 17] tokens into frames and frees
-finished rows. The serving stage and offline synthesis (`offline.py`) both drive this one loop.
+requests within a prefill token budget, a step later when a stream is about to run dry), the `TalkerRunner`
+prefills the admitted prompts together and runs one decode step for every row on the device, and the scheduler
+turns the step's [B, 17] tokens into frames and frees finished rows. The serving stage and offline synthesis (`offline.py`) both drive this one loop.
 
 A request may start before its text is whole (`TalkerRequest.text_done` False) and receive the rest by
 `append_text`; a row whose next step needs text that has not arrived is parked outside the batch meanwhile.
