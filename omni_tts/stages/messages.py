@@ -208,6 +208,7 @@ class StageStats(msgspec.Struct, tag=True):
     connector_waiting: int = 0           # talker: chunks put but waiting for a free connector slot
     connector_slots_in_use: int = 0      # talker: connector slots written and not yet released by code2wav
     connector_slot_stalls: int = 0       # talker: times every slot was held while chunks waited
+    deferred_admissions: int = 0         # talker: admissions put off a step for a stream about to run dry
 
 
 class StageFailed(msgspec.Struct, tag=True):

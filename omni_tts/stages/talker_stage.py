@@ -150,7 +150,8 @@ class TalkerStage:
                 self.step_durations,
                 prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
                 rows_waiting_for_text=stats.num_parked, connector_waiting=connector.pending,
-                connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls))
+                connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls,
+                deferred_admissions=stats.num_deferred_admissions))
 
     def _load_lora(self, read: LoRARead) -> None:
         """A read adapter into a free slot, between two steps (running rows keep theirs); answered by LoRALoaded."""
