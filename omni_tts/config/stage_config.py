@@ -21,6 +21,8 @@ import msgspec.inspect
 import msgspec.structs
 import yaml
 
+from omni_tts.config.chunk_schedule import (DOUBLING_DEFAULTS, ChunkSchedule, check_profiles_fit, doubling_frames,
+                                            scheduled_frames)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults
 
 __all__ = [
@@ -37,21 +39,6 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # the first codec chunk's frames, as a stage YAML defaults it and a request may set it; it must also fit a ring slot
 # (ConnectorConfig.check_chunk_frames, which knows the slot's size)
 InitialChunkFrames = PositiveInt
-# named chunk schedules, in codec frames (the last repeats), after Nari's `ttfa` and `balanced` profiles
-# (../shared/docs/gpu_leaders.md): latency keeps the first chunks small (early first audio, more chunks to decode);
-# load starts at 4 frames, so that many streams' first chunks cost code2wav fewer calls and players start with a
-# buffer (fewer underruns while the GPU is busy)
-CHUNK_PROFILES: dict[str, tuple[int, ...]] = {"latency": (1, 2, 4, 8, 12), "load": (4, 4, 8, 16, 25)}
-DOUBLING_DEFAULTS = (2, 25)   # initial_codec_chunk_frames, codec_chunk_frames without a chunk_schedule
-
-
-def doubling_frames(first: int, most: int) -> tuple[int, ...]:
-    """Chunks that double from `first` up to `most` (1, 2, 4, 8, 16, 25), the last repeated."""
-    frames = [first]
-    while frames[-1] < most:
-        frames.append(min(2 * frames[-1], most))
-    return tuple(frames) if first <= most else (first, most)
-
 
 class StageConfigError(ValueError):
     """A stage config that cannot be used; str() is `source: key: reason` (key omitted for file-level problems)."""
@@ -129,15 +116,15 @@ class ConnectorConfig(_Config):
     kind local: the fused layout, both stages in one process (code2wav on a thread and, on a GPU, a CUDA stream of
     its own) and chunks handed over in memory; ring_slots bounds them the same way.
     """
-    # chunk sizes, one of: today's doubling (chunk_schedule unset), from initial_codec_chunk_frames (default 2) up to
-    # codec_chunk_frames (default 25), so the player's second packet comes early (FrameChunker); a named profile
-    # (CHUNK_PROFILES: latency, load; auto picks one per request by the talker's load); or an explicit list of frames,
-    # its last repeated. A request's own initial_codec_chunk_frames sets its first chunk in every case.
-    chunk_schedule: Literal["latency", "load", "auto"] | list[int] | None = None
+    # chunk sizes (chunk_schedule.py), one of: the doubling (chunk_schedule unset) from initial_codec_chunk_frames
+    # (default 2) up to codec_chunk_frames (default 25); a named profile (latency, load; auto picks one per request by
+    # the talker's load); or a list of frames, its last repeated. A request's own first chunk wins in every case.
+    chunk_schedule: ChunkSchedule = None
     initial_codec_chunk_frames: InitialChunkFrames | None = None  # first chunk: low time-to-first-audio
     codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] | None = None
     # chunk_schedule auto: a request that finds this many requests in the talker (running, parked or waiting) gets
-    # the load profile, fewer the latency one
+    # the load profile, fewer the latency one. A first guess (Nari switches between 10 and 12 requests/s), to be
+    # tuned by the GPU benchmark
     auto_load_requests: PositiveInt = 8
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
@@ -179,32 +166,20 @@ class ConnectorConfig(_Config):
             for frames in self.chunk_schedule:
                 self.check_chunk_frames("chunk_schedule", frames)
             return
-        for name in ("latency", "load") if self.chunk_schedule == "auto" else (self.chunk_schedule,):
-            if max(CHUNK_PROFILES[name]) > self.ring_slot_frames:
-                raise ValueError(f"chunk_schedule: the {name} profile's chunks ({list(CHUNK_PROFILES[name])}) must "
-                                 f"fit ring_slot_frames ({self.ring_slot_frames})")
+        check_profiles_fit(self.chunk_schedule, self.ring_slot_frames)
 
     def chunk_frames(self, first: int | None, num_requests: int) -> tuple[int, ...]:
-        """The frames of a request's chunks, the last repeated: by the schedule (auto: by `num_requests`, those the
-        talker holds as the request starts), the first chunk `first` when the request sets one."""
+        """The frames of a request's chunks, the last repeated; first: its own first chunk, if it sets one;
+        num_requests: those the talker holds as it starts (chunk_schedule auto)."""
         if self.chunk_schedule is None:
             assert self.initial_codec_chunk_frames is not None and self.codec_chunk_frames is not None
             return doubling_frames(first or self.initial_codec_chunk_frames, self.codec_chunk_frames)
-        if isinstance(self.chunk_schedule, list):
-            frames = tuple(self.chunk_schedule)
-        elif self.chunk_schedule == "auto":
-            frames = CHUNK_PROFILES["load" if num_requests >= self.auto_load_requests else "latency"]
-        else:
-            frames = CHUNK_PROFILES[self.chunk_schedule]
-        if first is None:
-            return frames
-        return (first, *frames[1:]) if len(frames) > 1 else (first, frames[0])
+        return scheduled_frames(self.chunk_schedule, first, num_requests, self.auto_load_requests)
 
     @property
     def max_chunk_frames(self) -> int:
         """The largest chunk the schedule cuts but a request's own first (code2wav sizes its decoder calls by it)."""
         return max(max(self.chunk_frames(None, 0)), max(self.chunk_frames(None, self.auto_load_requests)))
-
 
     def check_chunk_frames(self, name: str, frames: int) -> None:
         """ValueError `name: …` unless chunks of `frames` (a stage config's, or a request's first chunk) can be made

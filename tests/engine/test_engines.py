@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, case_requests
-from omni_tts.config.stage_config import ConnectorConfig, doubling_frames
+from omni_tts.config.chunk_schedule import doubling_frames
+from omni_tts.config.stage_config import ConnectorConfig
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
 from omni_tts.engine.offline import prepare, synthesize

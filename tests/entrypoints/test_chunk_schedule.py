@@ -11,7 +11,8 @@ import yaml
 
 from conftest import FIXTURES
 from server_util import MODEL, ServerProcess, request
-from omni_tts.config.stage_config import CHUNK_PROFILES, STAGE_CONFIG_DIR
+from omni_tts.config.chunk_schedule import CHUNK_PROFILES
+from omni_tts.config.stage_config import STAGE_CONFIG_DIR
 
 SAMPLES_PER_FRAME = 1920   # 80 ms at 24 kHz
 SPEECH = dict(model=MODEL, input="A sentence long enough for a few chunks of audio, and then some more words.",
