@@ -48,6 +48,7 @@ def test_prefill_budget_admits_together_then_waits():
     first = s.schedule()
     assert [r.request_id for r in first.admitted] == ["r0", "r1"] and first.first_row == 0 and first.num_rows == 2
     assert first.num_slots == 51
+    assert s.num_requests == 4   # the talker's load (chunk_schedule auto): running, parked and waiting alike
     s.postprocess(first, tokens(2))
     second = s.schedule()
     assert [r.request_id for r in second.admitted] == ["r2", "r3"] and second.first_row == 2
