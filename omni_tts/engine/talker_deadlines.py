@@ -3,8 +3,9 @@
 A streaming request's player runs dry at its playback deadline: the time its first frame was made plus the audio
 of the frames made since (80 ms a frame at 12.5 Hz); a player that ran dry (the row waited for text, or the talker
 fell behind) resumes with the next frame, so that frame's time restarts the count. A margin is kept for the way to
-the player (the chunker, code2wav's decode, the socket). Frames the chunker still holds count as made: chunks are
-small while a stream is young, and a row whose deadline is near has few frames in hand anyway.
+the player (the connector, code2wav's decode, the socket). Frames the chunker still holds count as made (the
+scheduler does not see chunks), so a stream's slack is overstated by at most its current chunk's audio: small
+chunks while a stream is young, when its slack is smallest.
 
 A step admits waiting requests by prefilling their prompts before its decode, so every running row waits for the
 prefill. Nari's order (../shared/docs/gpu_leaders.md, `DeadlineAwarePolicy`: a stream about to run dry first, then
@@ -24,7 +25,8 @@ requests would help.
 The costs are measured with the scheduler's clock, from `schedule` to `postprocess`: a device prefill is queued
 asynchronously and the step's one host copy waits for it, so only the whole step measures it. The step cost is a
 running average of the steps that admit nothing, the prefill cost one of what admitting steps take beyond it. Both
-start at 0 (until measured, only a row already past its deadline defers an admission). No torch here.
+start at 0 (until measured, only a row within the margin of its deadline, or past it, defers an admission). No
+torch here.
 """
 from __future__ import annotations
 
