@@ -2,8 +2,8 @@
 each) follow the profile, and its audio is the default config's, whose chunks double (the streaming decoder is exact
 for any split of the frames)."""
 import base64
-import json
 import itertools
+import json
 
 import numpy as np
 import pytest
