@@ -65,6 +65,9 @@ class TalkerStageConfig(_Config):
     threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
     # CUDA: the decode step replays CUDA graphs captured at start-up; true runs it eagerly (as on the CPU)
     enforce_eager: bool = False
+    # CUDA: the layers' fused Triton kernels (models/qwen3_tts/fused_kernels.py, ~10 kernels a layer, not ~50);
+    # false: the plain PyTorch ops. The CPU always runs the plain ops.
+    fused_kernels: bool = True
     # LoRA adapters loaded at once (their static buffers are allocated at start-up); 0 = none, the plain step
     max_loras: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     max_lora_rank: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16  # an adapter of a higher rank is refused

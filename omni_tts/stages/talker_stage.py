@@ -25,6 +25,7 @@ from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import (PromptLimits, RequestError, check_speaker_embedding, embed_prompt,
                                               embed_text)
+from omni_tts.models.qwen3_tts.talker import import_fused_kernels
 
 from .common import StageIO, run_stage
 from .lora_reads import LoRARead, LoRAReader
@@ -60,6 +61,8 @@ class TalkerStage:
         self.launch = launch
         cfg = launch.config
         self.tts = Qwen3TTS(launch.model_dir, device=cfg.device, dtype=getattr(torch, cfg.dtype), with_decoder=False)
+        if cfg.fused_kernels and self.tts.device.type == "cuda":
+            self.tts.talker.use_fused_kernels(import_fused_kernels(self.tts.dtype))
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, cfg.max_model_len,
                                    cfg.max_prefill_tokens_per_step, cfg.max_text_tokens,
                                    cuda_graphs=not cfg.enforce_eager, max_loras=cfg.max_loras,

@@ -191,7 +191,7 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
 @pytest.mark.parametrize("text,message", [
     (minimal("colour: red"), "stages.talker.colour: unknown key; allowed keys: device, dtype, max_batch_size, "
                              "max_model_len, kv_cache_tokens, max_prefill_tokens_per_step, max_text_tokens, threads, "
-                             "enforce_eager, max_loras, max_lora_rank"),
+                             "enforce_eager, fused_kernels, max_loras, max_lora_rank"),
     (MINIMAL + "  vocoder: {device: cpu}\n", "stages.vocoder: unknown key; allowed keys: talker, code2wav"),
     (MINIMAL + "connector: {chunk_frames: 4}\n",
      "connector.chunk_frames: unknown key; allowed keys: chunk_schedule, initial_codec_chunk_frames, "
