@@ -21,6 +21,8 @@ import msgspec.inspect
 import msgspec.structs
 import yaml
 
+from omni_tts.config.chunk_schedule import (DOUBLING_DEFAULTS, ChunkSchedule, check_profiles_fit, doubling_frames,
+                                            scheduled_frames)
 from omni_tts.models.qwen3_tts.sampling_params import SamplingDefaults
 
 __all__ = [
@@ -37,7 +39,6 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # the first codec chunk's frames, as a stage YAML defaults it and a request may set it; it must also fit a ring slot
 # (ConnectorConfig.check_chunk_frames, which knows the slot's size)
 InitialChunkFrames = PositiveInt
-
 
 class StageConfigError(ValueError):
     """A stage config that cannot be used; str() is `source: key: reason` (key omitted for file-level problems)."""
@@ -64,6 +65,9 @@ class TalkerStageConfig(_Config):
     threads: PositiveInt | None = None  # torch CPU threads of the stage process; None = a share of the cores
     # CUDA: the decode step replays CUDA graphs captured at start-up; true runs it eagerly (as on the CPU)
     enforce_eager: bool = False
+    # CUDA: the layers' fused Triton kernels (models/qwen3_tts/fused_kernels.py, ~10 kernels a layer, not ~50);
+    # false: the plain PyTorch ops. The CPU always runs the plain ops.
+    fused_kernels: bool = True
     # LoRA adapters loaded at once (their static buffers are allocated at start-up); 0 = none, the plain step
     max_loras: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     max_lora_rank: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16  # an adapter of a higher rank is refused
@@ -115,9 +119,16 @@ class ConnectorConfig(_Config):
     kind local: the fused layout, both stages in one process (code2wav on a thread and, on a GPU, a CUDA stream of
     its own) and chunks handed over in memory; ring_slots bounds them the same way.
     """
-    initial_codec_chunk_frames: InitialChunkFrames = 2  # first chunk: low time-to-first-audio
-    # later chunks double from the first up to this size (FrameChunker): the player's second packet comes early
-    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] = 25
+    # chunk sizes (chunk_schedule.py), one of: the doubling (chunk_schedule unset) from initial_codec_chunk_frames
+    # (default 2) up to codec_chunk_frames (default 25); a named profile (latency, load; auto picks one per request by
+    # the talker's load); or a list of frames, its last repeated. A request's own first chunk wins in every case.
+    chunk_schedule: ChunkSchedule = None
+    initial_codec_chunk_frames: InitialChunkFrames | None = None  # first chunk: low time-to-first-audio
+    codec_chunk_frames: Annotated[int, msgspec.Meta(ge=1, le=256)] | None = None
+    # chunk_schedule auto: a request that finds this many requests in the talker (running, parked or waiting) gets
+    # the load profile, fewer the latency one. A first guess (Nari switches between 10 and 12 requests/s), to be
+    # tuned by the GPU benchmark
+    auto_load_requests: PositiveInt = 8
     ring_slots: Annotated[int, msgspec.Meta(ge=2, le=65536)] = 256  # chunks in flight (released by code2wav)
     ring_slot_frames: PositiveInt = 64  # capacity of one slot; a chunk never spans slots
     kind: Literal["shm", "tcp", "local"] = "shm"
@@ -125,8 +136,7 @@ class ConnectorConfig(_Config):
     tcp_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None  # kind tcp: None or 0 = a free port
 
     def __post_init__(self) -> None:
-        for name in ("initial_codec_chunk_frames", "codec_chunk_frames"):
-            self.check_chunk_frames(name, getattr(self, name))
+        self._check_chunk_schedule()
         if self.kind != "tcp":
             for name in ("tcp_host", "tcp_port"):
                 if getattr(self, name) is not None:
@@ -141,6 +151,38 @@ class ConnectorConfig(_Config):
         except ValueError:  # zmq binds an address, not a name
             raise ValueError(f"tcp_host: must be an IP address, got {self.tcp_host!r}") from None
 
+    def _check_chunk_schedule(self) -> None:
+        doubling = ("initial_codec_chunk_frames", "codec_chunk_frames")
+        if self.chunk_schedule is None:
+            for name, default in zip(doubling, DOUBLING_DEFAULTS):
+                if getattr(self, name) is None:
+                    msgspec.structs.force_setattr(self, name, default)
+                self.check_chunk_frames(name, getattr(self, name))
+            return
+        for name in doubling:
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not used with chunk_schedule (the schedule sets every chunk; a request "
+                                 f"may still set its first)")
+        if isinstance(self.chunk_schedule, list):
+            if not self.chunk_schedule:
+                raise ValueError("chunk_schedule: an empty list; give the chunks' frames, the last repeated")
+            for frames in self.chunk_schedule:
+                self.check_chunk_frames("chunk_schedule", frames)
+            return
+        check_profiles_fit(self.chunk_schedule, self.ring_slot_frames)
+
+    def chunk_frames(self, first: int | None, num_requests: int) -> tuple[int, ...]:
+        """The frames of a request's chunks, the last repeated; first: its own first chunk, if it sets one;
+        num_requests: those the talker holds as it starts (chunk_schedule auto)."""
+        if self.chunk_schedule is None:
+            assert self.initial_codec_chunk_frames is not None and self.codec_chunk_frames is not None
+            return doubling_frames(first or self.initial_codec_chunk_frames, self.codec_chunk_frames)
+        return scheduled_frames(self.chunk_schedule, first, num_requests, self.auto_load_requests)
+
+    @property
+    def max_chunk_frames(self) -> int:
+        """The largest chunk the schedule cuts but a request's own first (code2wav sizes its decoder calls by it)."""
+        return max(max(self.chunk_frames(None, 0)), max(self.chunk_frames(None, self.auto_load_requests)))
 
     def check_chunk_frames(self, name: str, frames: int) -> None:
         """ValueError `name: …` unless chunks of `frames` (a stage config's, or a request's first chunk) can be made
@@ -276,7 +318,7 @@ _LITERAL_ORDER = {frozenset(get_args(DType)): get_args(DType)}
 
 
 def _split_path(path: str) -> list[str]:
-    # "$.stages.talker.dtype" -> ["stages", "talker", "dtype"]; no arrays in this schema
+    # "$.stages.talker.dtype" -> ["stages", "talker", "dtype"]; a list's item stays one part ("chunk_schedule[0]")
     return [p for p in path.removeprefix("$").split(".") if p]
 
 
@@ -326,6 +368,8 @@ def _describe(info: msgspec.inspect.Type) -> str:
         return "a number" + _bounds(info)
     if isinstance(info, ins.StrType):
         return "a string" + (f" matching {info.pattern!r}" if info.pattern else "")
+    if isinstance(info, ins.ListType):
+        return f"a list ({_describe(info.item_type)} each)"
     if isinstance(info, ins.StructType):
         return "a mapping with keys " + ", ".join(f.name for f in info.fields)
     return type(info).__name__.removesuffix("Type").lower()

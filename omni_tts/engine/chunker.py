@@ -1,17 +1,19 @@
-"""Talker-side grouping of frames into connector chunks: a small first chunk for a fast first packet, then chunks
-that double up to `codec_chunk_frames` (1, 2, 4, 8, 16, 25, 25, ...), so that the player's second packet does not
-wait a whole `codec_chunk_frames` of talker steps behind its first, and code2wav has frames to decode meanwhile
-(the stalls this removes: `docs/benchmarks.md`, "Chunks double"). The remainder is flushed when the request ends,
-or early (`flush`) when the request waits for text that has not arrived: frames already made must not wait for
-words still to come."""
+"""Talker-side grouping of frames into connector chunks, by the request's chunk schedule: the frames of its first
+chunks, the last repeated (`ConnectorConfig.chunk_frames`: today's doubling 1, 2, 4, 8, 16, 25, 25, ... or a named
+profile). A small first chunk gives a fast first packet, and growing chunks keep the player's second packet from
+waiting a whole steady chunk of talker steps behind it while code2wav has frames to decode meanwhile (the stalls
+this removes: `docs/benchmarks.md`, "Chunks double"). The remainder is flushed when the request ends, or early
+(`flush`) when the request waits for text that has not arrived: frames already made must not wait for words still
+to come."""
 from __future__ import annotations
 
 import numpy as np
 
 
 class FrameChunker:
-    def __init__(self, initial_codec_chunk_frames: int, codec_chunk_frames: int) -> None:
-        self.initial_codec_chunk_frames, self.codec_chunk_frames = initial_codec_chunk_frames, codec_chunk_frames
+    def __init__(self, chunk_frames: tuple[int, ...]) -> None:
+        """chunk_frames: the frames of chunk 0, 1, ...; the last repeats."""
+        self.chunk_frames = chunk_frames
         self.frames: list[np.ndarray] = []
         self.num_chunks = 0
 
@@ -20,8 +22,7 @@ class FrameChunker:
         At the end the remainder is returned, possibly with F = 0 (a bare end marker)."""
         if frame is not None:
             self.frames.append(frame)
-        target = (self.initial_codec_chunk_frames if self.num_chunks == 0
-                  else min(self.codec_chunk_frames, self.initial_codec_chunk_frames << self.num_chunks))
+        target = self.chunk_frames[min(self.num_chunks, len(self.chunk_frames) - 1)]
         if not finished and len(self.frames) < target:
             return None
         chunk = np.stack(self.frames).astype(np.int32) if self.frames else np.zeros((0, 16), np.int32)

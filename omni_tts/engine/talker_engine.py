@@ -1,9 +1,9 @@
 """Stage 0: the talker with continuous batching (requests join and leave at every step).
 
 A step reads schedule → run → postprocess: the torch-free `TalkerScheduler` picks the rows (admitting waiting
-requests within a prefill token budget), the `TalkerRunner` prefills the admitted prompts together and runs one
-decode step for every row on the device, and the scheduler turns the step's [B, 17] tokens into frames and frees
-finished rows. The serving stage and offline synthesis (`offline.py`) both drive this one loop.
+requests within a prefill token budget, a step later when a stream is about to run dry), the `TalkerRunner`
+prefills the admitted prompts together and runs one decode step for every row on the device, and the scheduler
+turns the step's [B, 17] tokens into frames and frees finished rows. The serving stage and offline synthesis (`offline.py`) both drive this one loop.
 
 A request may start before its text is whole (`TalkerRequest.text_done` False) and receive the rest by
 `append_text`; a row whose next step needs text that has not arrived is parked outside the batch meanwhile.
@@ -15,6 +15,9 @@ its answer at once and decides (retry, or abort those requests); a deferred unlo
 that new requests must also be refused by.
 """
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -32,14 +35,16 @@ __all__ = ["FrameOutput", "TalkerEngine", "TalkerRequest"]
 class TalkerEngine:
     def __init__(self, talker: Talker, config: Qwen3TTSConfig, max_batch_size: int, max_model_len: int,
                  max_prefill_tokens_per_step: int, max_text_tokens: int, static_shapes: bool = False,
-                 cuda_graphs: bool = False, max_loras: int = 0, max_lora_rank: int = 16) -> None:
+                 cuda_graphs: bool = False, max_loras: int = 0, max_lora_rank: int = 16,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """static_shapes: bucketed prefill and decode shapes (what CUDA graphs replay); cuda_graphs: capture them at
         start-up (CUDA only; implies static_shapes); max_loras: LoRA adapters loaded at once (0: no LoRA rows, the
-        plain step), each of rank <= max_lora_rank."""
+        plain step), each of rank <= max_lora_rank; clock: the scheduler's, for the rows' playback deadlines."""
         self.runner = TalkerRunner(talker, config, max_batch_size, max_model_len, max_trailing_rows(max_text_tokens),
                                    static_shapes, cuda_graphs, max_loras, max_lora_rank, max_prefill_tokens_per_step)
         self.scheduler = TalkerScheduler(max_batch_size, self.runner.num_buffer_rows, max_model_len,
-                                         max_prefill_tokens_per_step, max_text_tokens, config.talker.codec_eos_token_id)
+                                         max_prefill_tokens_per_step, max_text_tokens, config.talker.codec_eos_token_id,
+                                         clock)
         self.num_steps = 0
         self.loras: dict[str, int] = {}   # loaded adapters: name → slot (1..max_loras)
 

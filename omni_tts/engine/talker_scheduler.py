@@ -4,6 +4,8 @@ Rows are slots of the runner's device buffers: rows 0..B-1 are the running reque
 waiting requests into the next free rows (their prompts prefilled together, within a token budget so running
 requests never stall for long), decodes every running row, then reads the step's tokens: a row ends at EOS or
 at its token limit and is freed by moving the last running row into its hole (the runner copies the buffers).
+Admission is deadline-first (talker_deadlines.py): when a running row's player is about to run dry, the step
+decodes first and its admissions wait one step, never more.
 
 A request whose text is still arriving (`text_done` False) reads one trailing text row per step. When its next
 step needs a row that has not arrived, it is parked: moved to the top of the buffers (rows num_buffer_rows-1,
@@ -14,11 +16,16 @@ parked row.
 """
 from __future__ import annotations
 
+import itertools
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .talker_deadlines import PlaybackDeadlines, next_deadline
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +54,7 @@ class TalkerRequest:
     length: int = 0            # cache slots in use
     num_tokens: int = 0        # c0 tokens sampled so far
     num_frames: int = 0
+    deadline: float | None = None   # when its player runs dry (talker_deadlines.py); None before its first frame
 
     @property
     def prompt_len(self) -> int:
@@ -88,11 +96,13 @@ class TalkerSchedulerStats:
     num_parked: int
     free_rows: int
     request_ids: list[str] = field(default_factory=list)
+    num_deferred_admissions: int = 0   # admissions put off a step for a stream about to run dry (cumulative)
 
 
 class TalkerScheduler:
     def __init__(self, max_rows: int, num_buffer_rows: int, max_model_len: int, max_prefill_tokens: int,
-                 max_text_tokens: int, eos_token_id: int) -> None:
+                 max_text_tokens: int, eos_token_id: int, clock: Callable[[], float] = time.monotonic) -> None:
+        """clock: monotonic seconds, for the rows' playback deadlines (tests drive a fake one)."""
         assert num_buffer_rows > max_rows
         self.max_rows, self.num_buffer_rows, self.max_model_len = max_rows, num_buffer_rows, max_model_len
         self.max_prefill_tokens = max_prefill_tokens
@@ -101,6 +111,8 @@ class TalkerScheduler:
         self.waiting: deque[TalkerRequest] = deque()
         self.running: list[TalkerRequest] = []
         self.parked: list[TalkerRequest] = []   # parked[i] is in row num_buffer_rows - 1 - i
+        self.deadlines = PlaybackDeadlines(clock)
+        self.num_deferred_admissions = 0
 
     def add(self, request: TalkerRequest) -> None:
         """Queue a request; it is admitted when a row is free. ValueError if it can never fit."""
@@ -169,7 +181,13 @@ class TalkerScheduler:
     def stats(self) -> TalkerSchedulerStats:
         return TalkerSchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
                                     num_parked=len(self.parked), free_rows=self.max_rows - self._num_rows_in_use(),
-                                    request_ids=[r.request_id for r in self.requests()])
+                                    request_ids=[r.request_id for r in self.requests()],
+                                    num_deferred_admissions=self.num_deferred_admissions)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests it holds: running, parked, waiting (the talker's load)."""
+        return len(self.running) + len(self.parked) + len(self.waiting)
 
     def requests(self) -> list[TalkerRequest]:
         """Every request it holds: running, parked, waiting."""
@@ -198,16 +216,17 @@ class TalkerScheduler:
         unparked = []
         for request in [r for r in self.parked if self._can_step(r)]:
             unparked += self._unpark(self.parked.index(request))
-        first_row, admitted, budget = len(self.running), [], self.max_prefill_tokens
-        while self.waiting and self._num_rows_in_use() < self.max_rows:
-            length = self.waiting[0].prompt_len
-            if budget < self.max_prefill_tokens and length > budget:
-                break  # the rest waits for the next step: running requests keep their pace
+        first_row, admitted = len(self.running), []
+        num_admitted = self._num_admissible()
+        if num_admitted and self.deadlines.defers_admission([r.deadline for r in self.running]):
+            self.num_deferred_admissions += num_admitted
+            num_admitted = 0
+        for _ in range(num_admitted):
             request = self.waiting.popleft()
-            budget -= length
-            request.length, request.num_tokens = length, 1  # the prefill samples the first c0
+            request.length, request.num_tokens = request.prompt_len, 1  # the prefill samples the first c0
             admitted.append(request)
             self.running.append(request)
+        self.deadlines.step_started(admits=bool(admitted))
         parked = []
         for row in reversed(range(len(self.running))):  # descending: no hole is filled from a row parked after it
             if not self._can_step(self.running[row]):
@@ -215,9 +234,20 @@ class TalkerScheduler:
         num_slots = max((r.length for r in self.running), default=0) + 1
         return TalkerSchedule(unparked, admitted, first_row, parked, len(self.running), num_slots)
 
+    def _num_admissible(self) -> int:
+        """Waiting requests this step can admit: into free rows, within the prefill token budget (the first always
+        fits: a prompt larger than the budget goes alone), so running requests keep their pace."""
+        num, budget = 0, self.max_prefill_tokens
+        for request in itertools.islice(self.waiting, self.max_rows - self._num_rows_in_use()):
+            if num and request.prompt_len > budget:
+                break
+            num, budget = num + 1, budget - request.prompt_len
+        return num
+
     def postprocess(self, schedule: TalkerSchedule, tokens: np.ndarray) -> tuple[list[FrameOutput], list[RowMove]]:
         """tokens: [num_rows, 17] host copy of the step (16 frame codes + the next c0). Returns the step's frames
         and the row moves that free the finished rows."""
+        now = self.deadlines.step_finished()
         outputs, finished = [], []
         for row, request in enumerate(self.running[:schedule.num_rows]):
             if self._length_reached(request):  # the limit came before this step: a one-token budget (the prefill's
@@ -227,6 +257,7 @@ class TalkerScheduler:
             request.length += 1
             request.num_tokens += 1
             request.num_frames += 1
+            request.deadline = next_deadline(request.deadline, now)
             stop = int(tokens[row, 16]) == self.eos
             done = stop or self._length_reached(request)
             outputs.append(FrameOutput(request.request_id, tokens[row, :16], done,

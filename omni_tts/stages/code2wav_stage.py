@@ -45,7 +45,7 @@ class Code2WavStage:
         runner = Code2WavRunner(decoder, launch.max_batch_size, cuda_graphs=not cfg.enforce_eager)
         frame_budget = cfg.frame_budget
         if frame_budget is None:
-            frame_budget = measure_frame_budget(runner, launch.pipeline.connector.codec_chunk_frames,
+            frame_budget = measure_frame_budget(runner, launch.pipeline.connector.max_chunk_frames,
                                                 launch.max_batch_size)
         logger.info("code2wav: %d frames per decoder call (%s), %d lane(s)", frame_budget,
                     "measured" if cfg.frame_budget is None else "configured", launch.lanes)

@@ -23,7 +23,7 @@ class AddRequest(msgspec.Struct, tag=True):
     ref_audio: bytes | None = None   # Base: float32 mono samples at 24 kHz
     speaker_embedding: bytes | None = None   # Base, instead of ref_audio: the x-vector as float32 [enc_dim]
     ref_codes: bytes | None = None   # ICL reference codes given as codes (int32 [T, num_code_groups]), not the clip's
-    initial_codec_chunk_frames: int | None = None   # None = the connector config's
+    initial_codec_chunk_frames: int | None = None   # its first chunk; None = the connector schedule's
     voice_version: str | None = None  # an uploaded voice's version (VoiceRecord.voice_version): its features are cached
     text_open: bool = False          # more text ids follow in AppendText (streaming layout); max_tokens is then
                                      # the limit for the text so far
@@ -208,6 +208,7 @@ class StageStats(msgspec.Struct, tag=True):
     connector_waiting: int = 0           # talker: chunks put but waiting for a free connector slot
     connector_slots_in_use: int = 0      # talker: connector slots written and not yet released by code2wav
     connector_slot_stalls: int = 0       # talker: times every slot was held while chunks waited
+    deferred_admissions: int = 0         # talker: admissions put off a step for a stream about to run dry
 
 
 class StageFailed(msgspec.Struct, tag=True):

@@ -25,6 +25,7 @@ from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import (PromptLimits, RequestError, check_speaker_embedding, embed_prompt,
                                               embed_text)
+from omni_tts.models.qwen3_tts.talker import import_fused_kernels
 
 from .common import StageIO, run_stage
 from .lora_reads import LoRARead, LoRAReader
@@ -60,6 +61,8 @@ class TalkerStage:
         self.launch = launch
         cfg = launch.config
         self.tts = Qwen3TTS(launch.model_dir, device=cfg.device, dtype=getattr(torch, cfg.dtype), with_decoder=False)
+        if cfg.fused_kernels and self.tts.device.type == "cuda":
+            self.tts.talker.use_fused_kernels(import_fused_kernels(self.tts.dtype))
         self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, cfg.max_model_len,
                                    cfg.max_prefill_tokens_per_step, cfg.max_text_tokens,
                                    cuda_graphs=not cfg.enforce_eager, max_loras=cfg.max_loras,
@@ -150,7 +153,8 @@ class TalkerStage:
                 self.step_durations,
                 prompts_waiting_for_text=sum(r.add.text_open and not r.in_engine for r in self.requests.values()),
                 rows_waiting_for_text=stats.num_parked, connector_waiting=connector.pending,
-                connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls))
+                connector_slots_in_use=connector.slots_in_use, connector_slot_stalls=connector.slot_stalls,
+                deferred_admissions=stats.num_deferred_admissions))
 
     def _load_lora(self, read: LoRARead) -> None:
         """A read adapter into a free slot, between two steps (running rows keep theirs); answered by LoRALoaded."""
@@ -244,11 +248,12 @@ class TalkerStage:
         if prompt.is_icl and m.ref_codes is None:  # the clip's reference frames are known only now
             self.limits.check_fits(prompt, prompt.ref_codes.shape[0], "ref_audio")
         prefill, trailing = embed_prompt(self.tts.talker, self.tts.config, prompt, request.text_done)
+        # its chunk schedule by the load it finds (chunk_schedule auto); its own first chunk was checked to fit a slot
+        chunk_frames = self.launch.pipeline.connector.chunk_frames(m.initial_codec_chunk_frames,
+                                                                   self.engine.scheduler.num_requests)
         self.engine.add_request(TalkerRequest(m.request_id, prefill, trailing, m.sampling, request.max_tokens,
                                               request.text_done, lora=m.lora))
-        chunks = self.launch.pipeline.connector   # the request's first chunk was checked to fit a slot
-        request.chunker = FrameChunker(m.initial_codec_chunk_frames or chunks.initial_codec_chunk_frames,
-                                       chunks.codec_chunk_frames)
+        request.chunker = FrameChunker(chunk_frames)
         max_frames = self.launch.connector.max_frames
         request.num_prompt_rows = prefill.shape[0]
         if prompt.ref_codes is not None:  # ICL: the reference codes are the decoder's left context

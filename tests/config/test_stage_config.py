@@ -128,7 +128,7 @@ BAD = [
      "connector.initial_codec_chunk_frames: must be <= ring_slot_frames (64) so a chunk fits in one ring slot, "
      "got 65"),
     ("", "", "connector: {codec_chunk_frames: 0}\n",
-     "connector.codec_chunk_frames: must be an integer in 1..256, got 0"),
+     "connector.codec_chunk_frames: must be an integer in 1..256 or null, got 0"),
     ("", "", "connector: {ring_slots: 1}\n", "connector.ring_slots: must be an integer in 2..65536, got 1"),
     ("", "", "connector: {ring_slot_frames: 0}\n", "connector.ring_slot_frames: must be an integer >= 1, got 0"),
     ("", "", "connector: {codec_chunk_frames: 100}\n",
@@ -136,6 +136,23 @@ BAD = [
     ("", "", "connector: {ring_slot_frames: 16, codec_chunk_frames: 16, initial_codec_chunk_frames: 32}\n",
      "connector.initial_codec_chunk_frames: must be <= ring_slot_frames (16) so a chunk fits in one ring slot, "
      "got 32"),
+    ("", "", "connector: {chunk_schedule: fast}\n",
+     "connector.chunk_schedule: must be one of auto, latency, load or a list (an integer each) or null, got 'fast'"),
+    ("", "", "connector: {chunk_schedule: []}\n",
+     "connector.chunk_schedule: an empty list; give the chunks' frames, the last repeated"),
+    ("", "", "connector: {chunk_schedule: [2, 0]}\n", "connector.chunk_schedule: must be >= 1, got 0"),
+    ("", "", "connector: {chunk_schedule: [2, 70]}\n",
+     "connector.chunk_schedule: must be <= ring_slot_frames (64) so a chunk fits in one ring slot, got 70"),
+    ("", "", "connector: {chunk_schedule: auto, ring_slot_frames: 16}\n",
+     "connector.chunk_schedule: the load profile's chunks ([4, 4, 8, 16, 25]) must fit ring_slot_frames (16)"),
+    ("", "", "connector: {chunk_schedule: latency, initial_codec_chunk_frames: 1}\n",
+     "connector.initial_codec_chunk_frames: not used with chunk_schedule (the schedule sets every chunk; a request "
+     "may still set its first)"),
+    ("", "", "connector: {chunk_schedule: load, codec_chunk_frames: 25}\n",
+     "connector.codec_chunk_frames: not used with chunk_schedule (the schedule sets every chunk; a request may "
+     "still set its first)"),
+    ("", "", "connector: {chunk_schedule: auto, auto_load_requests: 0}\n",
+     "connector.auto_load_requests: must be an integer >= 1, got 0"),
     ("", "", "sampling: {top_p: 0}\n", "sampling.top_p: must be a number in (0, 1] or null, got 0"),
     ("", "", "sampling: {subtalker_top_p: 1.5}\n",
      "sampling.subtalker_top_p: must be a number in (0, 1] or null, got 1.5"),
@@ -150,8 +167,8 @@ BAD = [
     ("", "", "sampling: {seed: 1}\n", "sampling.seed: unknown key; allowed keys: temperature, top_k, top_p, "
      "repetition_penalty, subtalker_temperature, subtalker_top_k, subtalker_top_p, max_new_tokens"),
     ("", "", "connector: 3\n",
-     "connector: must be a mapping with keys initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
-     "ring_slot_frames, kind, tcp_host, tcp_port, got 3"),
+     "connector: must be a mapping with keys chunk_schedule, initial_codec_chunk_frames, codec_chunk_frames, "
+     "auto_load_requests, ring_slots, ring_slot_frames, kind, tcp_host, tcp_port, got 3"),
     ("", "", "connector: {kind: udp}\n", "connector.kind: must be one of local, shm, tcp, got 'udp'"),
     ("", "", "connector: {kind: tcp, tcp_host: localhost}\n",
      "connector.tcp_host: must be an IP address, got 'localhost'"),
@@ -174,11 +191,11 @@ def test_bad_values_name_file_key_and_allowed_values(talker, code2wav, extra, me
 @pytest.mark.parametrize("text,message", [
     (minimal("colour: red"), "stages.talker.colour: unknown key; allowed keys: device, dtype, max_batch_size, "
                              "max_model_len, kv_cache_tokens, max_prefill_tokens_per_step, max_text_tokens, threads, "
-                             "enforce_eager, max_loras, max_lora_rank"),
+                             "enforce_eager, fused_kernels, max_loras, max_lora_rank"),
     (MINIMAL + "  vocoder: {device: cpu}\n", "stages.vocoder: unknown key; allowed keys: talker, code2wav"),
     (MINIMAL + "connector: {chunk_frames: 4}\n",
-     "connector.chunk_frames: unknown key; allowed keys: initial_codec_chunk_frames, codec_chunk_frames, ring_slots, "
-     "ring_slot_frames, kind, tcp_host, tcp_port"),
+     "connector.chunk_frames: unknown key; allowed keys: chunk_schedule, initial_codec_chunk_frames, "
+     "codec_chunk_frames, auto_load_requests, ring_slots, ring_slot_frames, kind, tcp_host, tcp_port"),
     (MINIMAL + "num_layers: 28\n", "num_layers: unknown key; allowed keys: stages, connector, aligner, sampling"),
     ("stages:\n  talker: {dtype: float32}\n  code2wav: {device: cpu}\n", "stages.talker.device: missing required key"),
     ("stages:\n  talker: {device: cpu}\n", "stages.code2wav: missing required key"),
@@ -234,6 +251,20 @@ def test_direct_construction_runs_cross_field_checks():
         TalkerStageConfig(device="cpu", max_model_len=64, kv_cache_tokens=63)
     with pytest.raises(ValueError, match="^codec_chunk_frames: must be <= ring_slot_frames"):
         ConnectorConfig(codec_chunk_frames=65)
+
+
+@pytest.mark.parametrize("schedule,fields,largest", [
+    (None, (2, 25), 25), ("latency", (None, None), 12), ("load", (None, None), 25), ("auto", (None, None), 25),
+    ([3, 9, 6], (None, None), 9)])
+def test_a_chunk_schedule_replaces_the_doubling_fields_and_survives_a_round_trip(schedule, fields, largest):
+    """The loader's view and a stage process's (the launch carries the config through msgspec) are the same."""
+    cfg = parse_stage_config(MINIMAL + ("" if schedule is None else f"connector: {{chunk_schedule: {schedule}}}\n"),
+                             SRC)
+    connector = cfg.connector
+    assert (connector.initial_codec_chunk_frames, connector.codec_chunk_frames) == fields
+    assert connector.max_chunk_frames == largest   # what code2wav sizes its decoder calls by
+    assert stage_config_from_dict(msgspec.to_builtins(cfg)) == cfg
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(cfg), type=PipelineConfig) == cfg
 
 
 @pytest.mark.parametrize("cpus,talker,code2wav,expected,lanes", [

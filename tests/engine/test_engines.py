@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, GOLDEN_CASES, case_requests
+from omni_tts.config.chunk_schedule import doubling_frames
+from omni_tts.config.stage_config import ConnectorConfig
 from omni_tts.engine.chunker import FrameChunker
 from omni_tts.engine.code2wav_engine import CodecChunk, Code2WavEngine
 from omni_tts.engine.offline import prepare, synthesize
@@ -22,8 +24,8 @@ def model(variant):
     return _models[variant]
 
 
-def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget=512, stagger=0, abort_after=None,
-                 code2wav_frames=7):
+def run_pipeline(tts, requests, chunk_frames=doubling_frames(2, 25), max_batch=8, prefill_budget=512, stagger=0,
+                 abort_after=None, code2wav_frames=7):
     """Drive both engines step by step; request i joins at step i*stagger. Returns {rid: (codes, audio, reason)}.
     code2wav_frames: the decoder's frame budget per step (7 splits the 25-frame chunks)."""
     talker = TalkerEngine(tts.talker, tts.config, max_batch, 1024, prefill_budget, 512)
@@ -38,7 +40,7 @@ def run_pipeline(tts, requests, initial=2, chunk=25, max_batch=8, prefill_budget
             rid = f"r{i}"
             talker.add_request(TalkerRequest(rid, p.prefill, p.trailing, p.sampling, p.max_tokens))
             code2wav.add_request(rid)
-            frames[rid], audio[rid], chunkers[rid] = [], [], FrameChunker(initial, chunk)
+            frames[rid], audio[rid], chunkers[rid] = [], [], FrameChunker(chunk_frames)
             if p.prompt.ref_codes is not None:
                 code2wav.add_chunk(rid, CodecChunk(p.prompt.ref_codes.numpy(), is_context=True))
         if abort_after and step in abort_after:
@@ -74,7 +76,7 @@ def golden_requests_offline(variant: str) -> tuple[list[SynthesisRequest], list]
 def test_engines_equal_offline(variant, initial):
     tts = model(variant)
     requests, offline = golden_requests_offline(variant)
-    out, talker, code2wav = run_pipeline(tts, requests, initial=initial, stagger=3)
+    out, talker, code2wav = run_pipeline(tts, requests, chunk_frames=doubling_frames(initial, 25), stagger=3)
     for i, expected in enumerate(offline):
         codes, audio, reason = out[f"r{i}"]
         np.testing.assert_array_equal(codes, expected.codes)
@@ -102,14 +104,8 @@ def test_small_batch_limit_queues_and_aborts_free_rows():
     assert talker.stats().num_running == 0 and not code2wav.requests
 
 
-@pytest.mark.parametrize("initial,size,frames,expected", [
-    (1, 25, 60, [1, 2, 4, 8, 16, 25, 4]),     # doubling from the first chunk, capped at the chunk size
-    (2, 25, 30, [2, 4, 8, 16]),              # the request ends mid-chunk: the remainder goes with the last frame
-    (30, 25, 80, [30, 25, 25]),              # a first chunk above the size: every later one is the size
-    (3, 8, 0, [0]),                          # ends without a frame: a bare end marker
-])
-def test_chunks_double_from_the_first_up_to_the_chunk_size(initial, size, frames, expected):
-    chunker = FrameChunker(initial, size)
+def chunk_sizes(chunker: FrameChunker, frames: int) -> list[int]:
+    """The chunk sizes `frames` frames give, the request ending with the last one."""
     sizes = []
     for i in range(frames):
         chunk = chunker.add(np.full(16, i), finished=i == frames - 1)
@@ -117,4 +113,28 @@ def test_chunks_double_from_the_first_up_to_the_chunk_size(initial, size, frames
             sizes.append(chunk.shape[0])
     if frames == 0:
         sizes.append(chunker.add(None, finished=True).shape[0])
-    assert sizes == expected
+    return sizes
+
+
+DOUBLING = dict(initial_codec_chunk_frames=1, codec_chunk_frames=25)
+
+
+@pytest.mark.parametrize("config,first,num_requests,frames,expected", [
+    (DOUBLING, None, 0, 60, [1, 2, 4, 8, 16, 25, 4]),   # no schedule: doubling from the first, capped at the size
+    ({}, None, 0, 30, [2, 4, 8, 16]),                   # (2, 25) by default; the request ends mid-chunk: the
+                                                        # remainder goes with the last frame
+    ({}, 30, 0, 80, [30, 25, 25]),                      # a request's first chunk above the size: the size after it
+    (DOUBLING, 3, 0, 20, [3, 6, 11]),                   # a request's first chunk: the doubling starts from it
+    (dict(chunk_schedule="latency"), None, 0, 40, [1, 2, 4, 8, 12, 12, 1]),
+    (dict(chunk_schedule="load"), None, 0, 70, [4, 4, 8, 16, 25, 13]),
+    (dict(chunk_schedule="load"), 1, 0, 20, [1, 4, 8, 7]),   # the request's own first chunk wins, the rest stays
+    (dict(chunk_schedule=[3, 5]), None, 0, 16, [3, 5, 5, 3]),
+    (dict(chunk_schedule=[6]), 2, 0, 10, [2, 6, 2]),
+    (dict(chunk_schedule="auto"), None, 7, 20, [1, 2, 4, 8, 5]),   # fewer than auto_load_requests (8): latency
+    (dict(chunk_schedule="auto"), None, 8, 20, [4, 4, 8, 4]),      # from 8 requests in the talker on: load
+    (dict(chunk_schedule="auto", auto_load_requests=2), None, 2, 8, [4, 4]),
+    (DOUBLING, None, 0, 0, [0]),                         # ends without a frame: a bare end marker
+])
+def test_chunks_follow_the_schedule(config, first, num_requests, frames, expected):
+    chunker = FrameChunker(ConnectorConfig(**config).chunk_frames(first, num_requests))
+    assert chunk_sizes(chunker, frames) == expected

@@ -123,7 +123,7 @@ def test_metrics_follow_prometheus_naming(cv_server):
         "omni_tts_connector_latency_seconds": "histogram", "omni_tts_talker_waiting_for_text": "gauge",
         "omni_tts_narration_segments": "counter", "omni_tts_request_errors": "counter",
         "omni_tts_connector_waiting_chunks": "gauge", "omni_tts_connector_slots_in_use": "gauge",
-        "omni_tts_connector_slot_stalls": "counter"}
+        "omni_tts_connector_slot_stalls": "counter", "omni_tts_talker_deferred_admissions": "counter"}
     # the three refused requests, each the request's own fault
     errors = {kind: value(metrics["families"], "omni_tts_request_errors", "_total", kind=kind)
               - value(before, "omni_tts_request_errors", "_total", kind=kind)
@@ -183,19 +183,20 @@ async def test_concurrent_scrapes_all_get_the_stage_figures(in_process_app, monk
     assert outcomes and set(outcomes) == {"answered"}, outcomes
 
 
-def stage_stats(pid: int, steps: int, step_seconds: float) -> StageStats:
+def stage_stats(pid: int, steps: int, step_seconds: float, deferred_admissions: int = 0) -> StageStats:
     durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
     for _ in range(steps):
         durations.observe(step_seconds)
-    return StageStats("talker", pid, [], steps, 0.0, durations)
+    return StageStats("talker", pid, [], steps, 0.0, durations, deferred_admissions=deferred_admissions)
 
 
 def test_stage_counters_keep_counting_across_a_stage_restart():
     collector = StageCollector()
-    collector.update({"talker": stage_stats(pid=100, steps=40, step_seconds=0.01)})
-    collector.update({"talker": stage_stats(pid=200, steps=3, step_seconds=0.5)})  # the restarted stage
+    collector.update({"talker": stage_stats(pid=100, steps=40, step_seconds=0.01, deferred_admissions=6)})
+    collector.update({"talker": stage_stats(pid=200, steps=3, step_seconds=0.5, deferred_admissions=1)})  # restarted
     families = {family.name: family for family in collector.collect()}
     assert value(families, "omni_tts_stage_steps", "_total", stage="talker") == 43
+    assert value(families, "omni_tts_talker_deferred_admissions", "_total") == 7
     assert value(families, "omni_tts_stage_step_duration_seconds", "_count", stage="talker") == 43
     assert value(families, "omni_tts_stage_step_duration_seconds", "_sum", stage="talker") == pytest.approx(1.9)
     assert value(families, "omni_tts_stage_step_duration_seconds", "_bucket", stage="talker", le="0.01") == 40

@@ -28,7 +28,8 @@ def forward(layer: DecoderLayer, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     cos, sin = rope_cos_sin(torch.arange(length).expand(b, length), cfg.head_dim, cfg.rope_theta, x.dtype)
     mask = causal_mask(torch.ones(b, length, dtype=torch.bool), 0, length)
     with OpCounter() as counter:
-        out = layer(x, cos, sin, k_cache, v_cache, 0, mask)
+        branch, residual = layer(x, None, cos, sin, k_cache, v_cache, 0, mask)
+        out = branch + residual
     return out, sum(n for op, n in counter.ops.items() if op.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm))
 
 

@@ -112,12 +112,14 @@ class _StageTotals:
     earlier_step_durations: DurationHistogram | None = None
     earlier_connector_latencies: DurationHistogram | None = None
     earlier_slot_stalls: int = 0
+    earlier_deferred_admissions: int = 0
 
     def update(self, stats: StageStats) -> None:
         if stats.pid != self.latest.pid:  # a restarted stage counts from zero again
             self.earlier_steps += self.latest.num_steps
             self.earlier_chunks += self.latest.connector_chunks
             self.earlier_slot_stalls += self.latest.connector_slot_stalls
+            self.earlier_deferred_admissions += self.latest.deferred_admissions
             self.earlier_step_durations = _added(self.earlier_step_durations, self.latest.step_durations)
             self.earlier_connector_latencies = _added(self.earlier_connector_latencies,
                                                       self.latest.connector_latencies)
@@ -134,6 +136,10 @@ class _StageTotals:
     @property
     def slot_stalls(self) -> int:
         return self.earlier_slot_stalls + self.latest.connector_slot_stalls
+
+    @property
+    def deferred_admissions(self) -> int:
+        return self.earlier_deferred_admissions + self.latest.deferred_admissions
 
     @property
     def step_durations(self) -> DurationHistogram:
@@ -188,6 +194,8 @@ class StageCollector:
                                   "yet released by code2wav")
         stalls = CounterMetricFamily("omni_tts_connector_slot_stalls", "Times every connector slot was held while "
                                      "chunks waited (a stall that lasts restarts the pipeline)")
+        deferred = CounterMetricFamily("omni_tts_talker_deferred_admissions", "Talker admissions put off a step "
+                                       "so that a stream about to run dry got its frame first (deadline-first steps)")
         by_stage: dict[str, list[tuple[str, _StageTotals]]] = {}
         for key, totals in sorted(self._totals.items()):
             by_stage.setdefault(stage_name(key), []).append((key, totals))
@@ -205,4 +213,5 @@ class StageCollector:
                 waiting.add_metric([], sum(s.connector_waiting for s in answered))
                 slots.add_metric([], sum(s.connector_slots_in_use for s in answered))
                 stalls.add_metric([], sum(totals.slot_stalls for _, totals in pipelines))
-        yield from (steps, step_seconds, requests, chunks, latency, waiting, slots, stalls)
+                deferred.add_metric([], sum(totals.deferred_admissions for _, totals in pipelines))
+        yield from (steps, step_seconds, requests, chunks, latency, waiting, slots, stalls, deferred)

@@ -2,6 +2,11 @@
 
 The released config declares interleaved MRoPE, but all three position axes are the same 1-D positions, so plain
 rotate-half RoPE is exact (model doc §4). Attention reads a static KV cache that the caller owns.
+
+A stack runs its layers in the residual-stream form: each layer returns its MLP output and the running sum before
+it, and the next norm adds them (`RMSNorm.add_norm`), the same ops in the same order as `x = x + branch(norm(x))`.
+That form lets `DecoderStack.use_fused_kernels` replace the add and the norm by one kernel, and a layer's q/k norms,
+RoPE and cache write by another (fused_kernels.py): the GPU's path. The plain ops stay the reference (and the CPU's).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from torch import nn
 from .checkpoint_config import DecoderLMConfig
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from .lora_slots import LayerLoRA, StackLoRA
 
 
@@ -28,6 +35,16 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernels: ModuleType | None = None   # fused_kernels, when the stack uses them
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); residual None: (norm(x), x). With the fused kernels one kernel, and
+        the sum is written over x (a branch output the layer owns)."""
+        if self.kernels is not None:
+            return self.kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
+        return self(x), x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -119,6 +136,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qkv_weight: torch.Tensor | None = None   # pack_projections()
+        self.kernels: ModuleType | None = None          # fused_kernels, when the stack uses them (packed q/k/v only)
 
     def pack_projections(self) -> None:
         """q, k and v in one matmul (two kernels fewer a layer, and one read of the input): their weights concatenated
@@ -132,6 +150,23 @@ class Attention(nn.Module):
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         # lora: each row's adapter added to the linears (lora_slots.py); None: the plain linears, no extra kernel
         b, length, _ = x.shape
+        end = mask.shape[-1]
+        if self.kernels is not None and lora is None:
+            qkv = F.linear(x, self.qkv_weight)
+            q = self.kernels.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                                          self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache, slots)
+        else:
+            q = self._plain_q_and_cache(x, cos, sin, k_cache, v_cache, slots, lora)
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        out = out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
+        return self.o_proj(out) if lora is None else lora.add("self_attn.o", out, (self.o_proj(out),))[0]
+
+    def _plain_q_and_cache(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                           v_cache: torch.Tensor, slots: int | torch.Tensor, lora: "LayerLoRA | None") -> torch.Tensor:
+        """q/k/v projections (+ the rows' adapters), q/k norms and RoPE, k and v written into the caches: the plain
+        ops that fused_kernels.qk_norm_rope replaces. Returns q [B, heads, L, D]."""
+        b, length, _ = x.shape
         if self.qkv_weight is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
@@ -143,7 +178,6 @@ class Attention(nn.Module):
         k = self.k_norm(k.view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        end = mask.shape[-1]
         if isinstance(slots, int):
             k_cache[:, :, slots:slots + length] = k
             v_cache[:, :, slots:slots + length] = v
@@ -151,10 +185,7 @@ class Attention(nn.Module):
             rows = torch.arange(b, device=x.device)
             k_cache[rows, :, slots] = k[:, :, 0]
             v_cache[rows, :, slots] = v[:, :, 0]
-        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
-        out = out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
-        return self.o_proj(out) if lora is None else lora.add("self_attn.o", out, (self.o_proj(out),))[0]
+        return q
 
 
 class MLP(nn.Module):
@@ -164,12 +195,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None   # pack_projections()
+        self.kernels: ModuleType | None = None              # fused_kernels, when the stack uses them (packed only)
 
     def pack_projections(self) -> None:
         """gate and up in one matmul (one kernel fewer a layer), as Attention's."""
         self.gate_up_weight = pack_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, lora: "LayerLoRA | None" = None) -> torch.Tensor:
+        if self.kernels is not None and lora is None:
+            return self.down_proj(self.kernels.silu_mul(F.linear(x, self.gate_up_weight)))
         if self.gate_up_weight is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
@@ -189,11 +223,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor,
-                lora: "LayerLoRA | None" = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots, mask, lora)
-        return x + self.mlp(self.post_attention_layernorm(x), lora)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int | torch.Tensor, mask: torch.Tensor,
+                lora: "LayerLoRA | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, and residual the running sum before it (None for the first layer: x
+        is the stack's input). Returns this layer's (MLP output, running sum before it)."""
+        h, residual = self.input_layernorm.add_norm(x, residual)
+        h, residual = self.post_attention_layernorm.add_norm(
+            self.self_attn(h, cos, sin, k_cache, v_cache, slots, mask, lora), residual)
+        return self.mlp(h, lora), residual
 
 
 class DecoderStack(nn.Module):
@@ -211,6 +249,15 @@ class DecoderStack(nn.Module):
             layer.self_attn.pack_projections()
             layer.mlp.pack_projections()
 
+    def use_fused_kernels(self, kernels: "ModuleType | None") -> None:
+        """Run the layers with `kernels` (fused_kernels; after pack_projections), or the plain ops (None). Rows with
+        a LoRA adapter keep the plain attention and MLP (their adapters add to the unpacked projections)."""
+        assert kernels is None or self.layers[0].self_attn.qkv_weight is not None, "pack_projections first"
+        for layer in self.layers:
+            for module in (layer.input_layernorm, layer.post_attention_layernorm, layer.self_attn, layer.mlp):
+                module.kernels = kernels
+        self.norm.kernels = kernels
+
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor | None, cache: KVCache, slots: int | torch.Tensor,
                    mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                    lora: "StackLoRA | None" = None) -> torch.Tensor:
@@ -218,9 +265,11 @@ class DecoderStack(nn.Module):
         # lora: the rows' adapters (None: no LoRA rows); returns the post-norm hidden states [B, L, hidden]
         cos, sin = rope if rope is not None else rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
                                                                 x.dtype)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask, None if lora is None else lora.layer(i))
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, cache.k[i], cache.v[i], slots, mask,
+                                None if lora is None else lora.layer(i))
+        return self.norm.add_norm(x, residual)[0]
 
 
 def causal_mask(key_valid: torch.Tensor, start: int, length: int) -> torch.Tensor:

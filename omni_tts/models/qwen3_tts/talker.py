@@ -4,6 +4,8 @@ Module names follow the checkpoint's `talker.*` keys so weights load by name.
 """
 from __future__ import annotations
 
+import importlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,10 +17,27 @@ from .checkpoint_config import TalkerConfig
 from .layers import DecoderStack, KVCache, causal_mask, embedding, rope_cos_sin
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from .lora_slots import StackLoRA
+
+logger = logging.getLogger(__name__)
 
 
 TEXT_TABLE_BLOCK = 4096  # rows projected per call while the text table is made: bounds its transient memory
+
+
+def import_fused_kernels(dtype: torch.dtype) -> "ModuleType | None":
+    """fused_kernels.py when Triton imports and the kernels take `dtype` (fp32, bf16); else None, said in the log."""
+    try:
+        kernels = importlib.import_module(f"{__package__}.fused_kernels")
+    except ImportError as e:   # a CUDA build of torch ships Triton; another may not
+        logger.warning("fused kernels off: %s (the plain ops run)", e)
+        return None
+    if not kernels.supports(dtype):
+        logger.warning("fused kernels off: they take %s, not %s (the plain ops run)", kernels.DTYPES, dtype)
+        return None
+    return kernels
 
 
 class TalkerBackbone(DecoderStack):
@@ -136,6 +155,11 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
         self.text_table: torch.Tensor | None = None
+
+    def use_fused_kernels(self, kernels: "ModuleType | None") -> None:
+        """The talker's and the code predictor's layers on `kernels` (import_fused_kernels), or the plain ops."""
+        self.model.use_fused_kernels(kernels)
+        self.code_predictor.model.use_fused_kernels(kernels)
 
     @torch.inference_mode()
     def fold_text_projection(self) -> None:

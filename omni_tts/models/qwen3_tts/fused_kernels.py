@@ -1,0 +1,162 @@
+"""The decoder layers' fused kernels (Triton): what a CUDA-graphed step replays ~10 kernels a layer with, not ~50.
+
+A layer's plain ops in bf16 are ~50 kernels, each launch-bound at these sizes (an RMSNorm alone is 8: upcast, square,
+mean, add, rsqrt, multiply, downcast, weight). Three kernels replace most of them:
+- `add_rms_norm`: the residual add and the next RMSNorm;
+- `qk_norm_rope`: the per-head q/k RMSNorm, RoPE and the key/value cache write, from the packed q/k/v projection;
+- `silu_mul`: SiLU(gate) · up, from the packed gate/up projection.
+Each keeps the reference's numerics: fp32 variance and arithmetic, and the bf16 rounding after every op where the
+plain PyTorch ops round (a fused kernel that dropped those rounding points cost another server audible quality,
+compounded over the code predictor's 15 passes). The rounding is done on the bits (`_round`), which is exact on a
+GPU and in Triton's interpreter alike (the interpreter's bf16 cast truncates), so the CPU tests the same values a
+GPU computes. Each kernel's plain reference is the layer code it replaces (layers.py); tests/models/
+test_fused_kernels.py holds them equal on random inputs, in the interpreter (`TRITON_INTERPRET=1`).
+fp32 and bf16 only (`supports`); the CPU runs the plain ops.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def supports(dtype: torch.dtype) -> bool:
+    return dtype in DTYPES
+
+
+@triton.jit
+def _round(x, ROUND_BF16: tl.constexpr):
+    """fp32 → the nearest bf16 (ties to even), kept in fp32: where a bf16 PyTorch op rounds its result."""
+    if ROUND_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n, eps, HAS_RESIDUAL: tl.constexpr,
+                         ROUND_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _round(x + residual, ROUND_BF16)
+        tl.store(x_ptr + row * n + offs, x.to(x_ptr.dtype.element_ty), mask=mask)   # the sum, in x's place
+    variance = tl.sum(x * x, axis=0) / n
+    normed = _round(x * tl.rsqrt(variance + eps), ROUND_BF16)
+    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, _round(weight * normed, ROUND_BF16).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) for x, residual: [..., n] contiguous (residual None: no add). The sum
+    is written over x (a branch output the caller owns), so the step allocates nothing for it."""
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    _add_rms_norm_kernel[(x.numel() // n,)](
+        x, x if residual is None else residual, weight, out, n, eps, HAS_RESIDUAL=residual is not None,
+        ROUND_BF16=x.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(n))
+    return out, x
+
+
+@triton.jit
+def _norm_rope(x, x_rolled, weight_ptr, dims, rolled, cos, sin, eps, HEAD_DIM: tl.constexpr,
+               ROUND_BF16: tl.constexpr):
+    """Heads [H, D] → RMSNorm(·) · cos + roll(RMSNorm(·)) · sin, each op rounded as the plain ops round.
+    x_rolled: the heads' raw values at the rolled dims (normalised with the head's own variance)."""
+    scale = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+    weight = tl.load(weight_ptr + dims).to(tl.float32)[None, :]
+    weight_rolled = tl.load(weight_ptr + rolled).to(tl.float32)[None, :]
+    normed = _round(weight * _round(x * scale, ROUND_BF16), ROUND_BF16)
+    normed_rolled = _round(weight_rolled * _round(x_rolled * scale, ROUND_BF16), ROUND_BF16)
+    return _round(_round(normed * cos, ROUND_BF16) + _round(normed_rolled * sin, ROUND_BF16), ROUND_BF16)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                         slots_ptr, start, length, eps, cos_stride_b, cos_stride_l, cache_stride_b, cache_stride_h,
+                         cache_stride_s, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, ROW_SLOTS: tl.constexpr,
+                         ROUND_BF16: tl.constexpr):
+    token = tl.program_id(0)   # one program a token: all its heads at once
+    b, position = token // length, token % length
+    dims = tl.arange(0, HEAD_DIM)
+    rolled = (dims + HEAD_DIM // 2) % HEAD_DIM   # roll by half a head: element i reads i + D/2 (mod D)
+    table = b * cos_stride_b + position * cos_stride_l + dims
+    cos = tl.load(cos_ptr + table).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + table).to(tl.float32)[None, :]
+    row = qkv_ptr + token * (NUM_Q + 2 * NUM_KV) * HEAD_DIM
+    if ROW_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = start + position
+
+    heads = tl.arange(0, BLOCK_Q)[:, None]
+    mask = heads < NUM_Q
+    x = tl.load(row + heads * HEAD_DIM + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_rolled = tl.load(row + heads * HEAD_DIM + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
+    q = _norm_rope(x, x_rolled, q_weight_ptr, dims, rolled, cos, sin, eps, HEAD_DIM, ROUND_BF16)
+    tl.store(q_ptr + ((b * NUM_Q + heads) * length + position) * HEAD_DIM + dims[None, :],
+             q.to(q_ptr.dtype.element_ty), mask=mask)
+
+    heads = tl.arange(0, BLOCK_KV)[:, None]
+    mask = heads < NUM_KV
+    k_row = row + NUM_Q * HEAD_DIM
+    x = tl.load(k_row + heads * HEAD_DIM + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_rolled = tl.load(k_row + heads * HEAD_DIM + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
+    k = _norm_rope(x, x_rolled, k_weight_ptr, dims, rolled, cos, sin, eps, HEAD_DIM, ROUND_BF16)
+    cache = b * cache_stride_b + heads * cache_stride_h + slot * cache_stride_s + dims[None, :]
+    tl.store(k_cache_ptr + cache, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(k_row + (NUM_KV + heads) * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+    tl.store(v_cache_ptr + cache, v, mask=mask)
+
+
+def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slots: int | torch.Tensor) -> torch.Tensor:
+    """The attention's inputs from the packed projection qkv [B, L, (heads + 2 kv heads) · D] (contiguous): q
+    normalised and rotated, returned [B, heads, L, D]; k normalised and rotated and v written into the caches
+    [B, kv heads, S, D] at slots (an int: every row's L keys at slots..slots+L-1; a [B] tensor: row b's one key at
+    slots[b], L = 1). cos, sin: [B or 1, 1, L, D], sin's first half negated (layers.rope_cos_sin)."""
+    b, length, _ = qkv.shape
+    head_dim = q_weight.shape[0]
+    q = torch.empty(b, num_heads, length, head_dim, device=qkv.device, dtype=qkv.dtype)
+    row_slots = isinstance(slots, torch.Tensor)
+    assert k_cache.stride(-1) == 1 and cos.stride(-1) == 1 and cos.stride() == sin.stride()
+    _qk_norm_rope_kernel[(b * length,)](
+        qkv, q_weight, k_weight, cos, sin, q, k_cache, v_cache, slots if row_slots else qkv, 0 if row_slots else slots,
+        length, eps, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), NUM_Q=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_Q=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads),
+        ROW_SLOTS=row_slots, ROUND_BF16=qkv.dtype == torch.bfloat16)
+    return q
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, n, ROUND_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    row, block = tl.program_id(0), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    gate = tl.load(gate_up_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = _round(gate / (1.0 + tl.exp(-gate)), ROUND_BF16)
+    tl.store(out_ptr + row * n + cols, _round(silu * up, ROUND_BF16).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+SILU_BLOCK = 1024
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) · up from the packed projection gate_up [..., 2n] (contiguous; gate first) → [..., n]."""
+    n = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], n, device=gate_up.device, dtype=gate_up.dtype)
+    block = min(SILU_BLOCK, triton.next_power_of_2(n))
+    _silu_mul_kernel[(gate_up.numel() // (2 * n), triton.cdiv(n, block))](
+        gate_up, out, n, ROUND_BF16=gate_up.dtype == torch.bfloat16, BLOCK=block)
+    return out
