@@ -20,6 +20,7 @@ from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
 from omni_tts.models.qwen3_tts.layers import Attention, DecoderLayer, RMSNorm, causal_mask, rope_cos_sin
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.sampling import CANDIDATES_ONLY, RowWarpers, noise_keys, warp_and_sample
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.models.qwen3_tts.talker import import_fused_kernels
 
@@ -135,13 +136,34 @@ def test_a_layer_with_the_fused_kernels_equals_the_plain_layer(dtype):
         assert_near(fused_value, plain_value)
 
 
+def test_a_candidates_draw_in_one_kernel_draws_the_plain_draws_ids():
+    """512 rows over a 2,048-id vocabulary, each with its own temperature, top-k (1..64), top-p and seed, and some
+    near-ties: the fused draw picks what the plain draw picks. Its float steps (exp, the cumsum, log) may round in
+    another order than PyTorch's, which can only change a pick whose race is tied within a rounding: on random
+    logits, none of these 512 (checked: a kernel that skips the top-p cut, or hashes the next id, fails here)."""
+    torch.manual_seed(9)
+    rows, vocab = 512, 2048
+    logits = torch.randn(rows, vocab) * torch.rand(rows, 1) * 6
+    logits[::7, 1] = logits[::7, 0]   # exact ties among the best
+    warpers = RowWarpers(rows, vocab, "cpu")
+    for row in range(rows):
+        warpers.set_row(row, float(torch.rand(()) * 1.5 + 0.05), int(torch.randint(1, 65, ())),
+                        float(torch.rand(())) if row % 3 else 1.0)
+    keys = noise_keys(torch.randint(0, 2 ** 62, (rows,)), torch.randint(0, 5000, (rows,)))[:, 5]
+    table = warpers.rows(slice(0, rows))
+    plain = warp_and_sample(logits, table, keys, CANDIDATES_ONLY)
+    fused = warp_and_sample(logits, table, keys, CANDIDATES_ONLY, fused_kernels)
+    assert torch.equal(fused, plain)
+    assert (plain != logits.argmax(-1)).sum() > rows // 4   # the draws sample: not the greedy ids
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, monkeypatch):
     """Three static-shape steps of two sampled rows (top-k 50, the checkpoints' default) on the tiny model: the same
     codes with the fused kernels as with the plain ops, and every layer pass on the kernels (none left plain)."""
     tts = Qwen3TTS(str(FIXTURES / "tiny-custom-voice"), dtype=dtype)
     launches = Counter()
-    for name in ("add_rms_norm", "qk_norm_rope", "silu_mul"):
+    for name in ("add_rms_norm", "qk_norm_rope", "silu_mul", "sample_candidates"):
         kernel = getattr(fused_kernels, name)
         monkeypatch.setattr(fused_kernels, name,
                             lambda *args, _kernel=kernel, _name=name: launches.update([_name]) or _kernel(*args))
@@ -159,7 +181,7 @@ def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, m
         frames.append([(o.request_id, o.frame.tolist()) for o in outputs])
     assert len(frames[1]) == 4 and frames[1] == frames[0]
     # a step: the talker's forward and the code predictor's 15, each 2 layers: per forward 2 norms a layer + the
-    # final norm, one q/k kernel and one SiLU·up a layer
+    # final norm, one q/k kernel and one SiLU·up a layer; and 16 draws, each one kernel after its topk
     forwards, layers = 16 * 2, 2
     assert launches == {"add_rms_norm": forwards * (2 * layers + 1), "qk_norm_rope": forwards * layers,
-                        "silu_mul": forwards * layers}
+                        "silu_mul": forwards * layers, "sample_candidates": forwards}
