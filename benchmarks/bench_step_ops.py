@@ -37,7 +37,7 @@ CASES = {"greedy": SamplingParams(temperature=0), "top-k 50": SamplingParams(tem
          "top-k off": SamplingParams(temperature=0.9, top_k=0)}
 
 
-FUSED = ("add_rms_norm", "qk_norm_rope", "silu_mul")   # fused_kernels' launchers, one kernel each
+FUSED = ("add_rms_norm", "qk_norm_rope", "attention", "silu_mul", "sample_candidates")   # fused_kernels' launchers, one kernel each
 
 
 class OpCounter(TorchDispatchMode):

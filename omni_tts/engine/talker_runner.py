@@ -139,7 +139,8 @@ class TalkerRunner:
             self.sampler.set_row(first_row + i, request.sampling)
             self.append_trailing(first_row + i, 0, request.trailing)
         talker_paths, _ = self.sampler.paths(rows)
-        self.c0[rows] = self.sampler.sample_talker(logits, rows, self.sampler.noise_keys(rows)[:, 0], talker_paths)
+        self.c0[rows] = self.sampler.sample_talker(logits, rows, self.sampler.noise_keys(rows)[:, 0], talker_paths,
+                                                   self.talker.kernels)
         self.steps[rows] = 0
         self.lengths[rows] = lengths
 
@@ -218,7 +219,7 @@ class TalkerRunner:
         # a padding row (a free row of a bucket) keeps counting: clamp so its throw-away key stays in the cache
         slots = self.lengths[rows].clamp(max=self.max_model_len - 1)
         hidden, logits = talker.decode_step(x, slots, self.cache.rows(0, b), num_slots, talker_lora)
-        next_c0 = self.sampler.sample_talker(logits, rows, keys[:, 0], talker_paths)
+        next_c0 = self.sampler.sample_talker(logits, rows, keys[:, 0], talker_paths, talker.kernels)
         self.hidden[rows] = hidden
         self.c0[rows] = next_c0
         self.lengths[rows] += 1
@@ -237,7 +238,7 @@ class TalkerRunner:
         x = predictor.frame_inputs(self.hidden[rows], self.talker.embed_codec(codes[0]))
         for j in range(1, predictor.num_code_groups):
             logits = predictor.decode_step(x, j, cache, self.cp_positions, lora)
-            codes.append(warp_and_sample(logits, warpers, keys[:, j], paths))
+            codes.append(warp_and_sample(logits, warpers, keys[:, j], paths, self.talker.kernels))
             if j + 1 < predictor.num_code_groups:
                 x = predictor.embed_codebook(codes[-1], j)
         return torch.stack(codes, dim=1)

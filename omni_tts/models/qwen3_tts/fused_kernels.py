@@ -1,17 +1,22 @@
-"""The decoder layers' fused kernels (Triton): what a CUDA-graphed step replays ~10 kernels a layer with, not ~50.
+"""The talker step's fused kernels (Triton): what a CUDA-graphed step replays ~10 kernels a layer with, not ~50.
 
 A layer's plain ops in bf16 are ~50 kernels, each launch-bound at these sizes (an RMSNorm alone is 8: upcast, square,
-mean, add, rsqrt, multiply, downcast, weight). Three kernels replace most of them:
+mean, add, rsqrt, multiply, downcast, weight). Four kernels replace all but its four matmuls:
 - `add_rms_norm`: the residual add and the next RMSNorm;
 - `qk_norm_rope`: the per-head q/k RMSNorm, RoPE and the key/value cache write, from the packed q/k/v projection;
-- `silu_mul`: SiLU(gate) · up, from the packed gate/up projection.
-Each keeps the reference's numerics: fp32 variance and arithmetic, and the bf16 rounding after every op where the
+- `silu_mul`: SiLU(gate) · up, from the packed gate/up projection;
+- `attention`: causal attention over the cache for the step's short queries (a decode row, the code predictor's
+  frame), in fp32 with the output rounded once, written in the o projection's layout.
+The first three keep the reference's numerics: fp32 variance and arithmetic, and the bf16 rounding after every op where the
 plain PyTorch ops round (a fused kernel that dropped those rounding points cost another server audible quality,
 compounded over the code predictor's 15 passes). The rounding is done on the bits (`_round`), which is exact on a
 GPU and in Triton's interpreter alike (the interpreter's bf16 cast truncates), so the CPU tests the same values a
-GPU computes. Each kernel's plain reference is the layer code it replaces (layers.py); tests/models/
-test_fused_kernels.py holds them equal on random inputs, in the interpreter (`TRITON_INTERPRET=1`).
-fp32 and bf16 only (`supports`); the CPU runs the plain ops.
+GPU computes. And one for the step's 16 draws:
+- `sample_candidates`: a draw among a row's top-k candidates (top-k mask, softmax, top-p, the counter-based noise,
+  the race): ~25 kernels of sampling.py's plain path in one.
+Each kernel's plain reference is the code it replaces (layers.py, sampling.py); tests/models/test_fused_kernels.py
+holds them equal on random inputs, in the interpreter (`TRITON_INTERPRET=1`). fp32 and bf16 only (`supports`); the
+CPU runs the plain ops.
 """
 from __future__ import annotations
 
@@ -139,6 +144,61 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight:
 
 
 @triton.jit
+def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, out_ptr, start, length, scale, cache_stride_b,
+                      cache_stride_h, cache_stride_s, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, ROW_SLOTS: tl.constexpr, BLOCK_S: tl.constexpr):
+    pid = tl.program_id(0)   # one program a (token, q head)
+    head, token = pid % NUM_Q, pid // NUM_Q
+    b, position = token // length, token % length
+    if ROW_SLOTS:
+        last = tl.load(slots_ptr + b)
+    else:
+        last = start + position
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + ((b * NUM_Q + head) * length + position) * HEAD_DIM + dims).to(tl.float32)
+    cache = b * cache_stride_b + (head // (NUM_Q // NUM_KV)) * cache_stride_h   # the q head's kv head (GQA)
+    best = tl.full([], float("-inf"), dtype=tl.float32)
+    total = tl.full([], 0.0, dtype=tl.float32)
+    acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
+    for first in range(0, last + 1, BLOCK_S):   # online softmax over keys 0..last, BLOCK_S at a time
+        keys = first + tl.arange(0, BLOCK_S)
+        valid = keys <= last
+        at = cache + keys[:, None] * cache_stride_s + dims[None, :]
+        k = tl.load(k_cache_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(valid, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        new_best = tl.maximum(best, tl.max(scores, axis=0))
+        rescale = tl.exp(best - new_best)
+        weights = tl.exp(scores - new_best)
+        v = tl.load(v_cache_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+        total = total * rescale + tl.sum(weights, axis=0)
+        acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+        best = new_best
+    tl.store(out_ptr + (token * NUM_Q + head) * HEAD_DIM + dims, (acc / total).to(out_ptr.dtype.element_ty))
+
+
+ATTENTION_BLOCK = 64   # keys a loop iteration reads
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int | torch.Tensor
+              ) -> torch.Tensor:
+    """Causal attention of q [B, heads, L, D] (contiguous) over the caches [B, kv heads, S, D]: query i of row b sees
+    keys 0..its own slot (slots an int: slots + i; a [B] tensor: slots[b], L = 1), computed in fp32 (online
+    softmax) and rounded once. Returns [B, L, heads · D], the o projection's input: SDPA and the transposing copy
+    after it in one kernel. The masks the plain path takes say the same for every query whose output is kept: a
+    decode row's keys up to its slot; the code predictor's causal frame; a right-padded prompt's real positions
+    (its padding queries, thrown away, see their padding keys here)."""
+    b, num_heads, length, head_dim = q.shape
+    out = torch.empty(b, length, num_heads * head_dim, device=q.device, dtype=q.dtype)
+    row_slots = isinstance(slots, torch.Tensor)
+    assert q.is_contiguous() and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    _attention_kernel[(b * length * num_heads,)](
+        q, k_cache, v_cache, slots if row_slots else q, out, 0 if row_slots else slots, length, head_dim ** -0.5,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), NUM_Q=num_heads, NUM_KV=k_cache.shape[1],
+        HEAD_DIM=head_dim, ROW_SLOTS=row_slots, BLOCK_S=ATTENTION_BLOCK)
+    return out
+
+
+@triton.jit
 def _silu_mul_kernel(gate_up_ptr, out_ptr, n, ROUND_BF16: tl.constexpr, BLOCK: tl.constexpr):
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
@@ -159,4 +219,60 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(SILU_BLOCK, triton.next_power_of_2(n))
     _silu_mul_kernel[(gate_up.numel() // (2 * n), triton.cdiv(n, block))](
         gate_up, out, n, ROUND_BF16=gate_up.dtype == torch.bfloat16, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _mul32(x, c):
+    """(x · c) mod 2**32 in int64 (sampling._mul32: the product wraps mod 2**64, the mask keeps its low 32 bits)."""
+    return (x * c) & 0xFFFFFFFF
+
+
+@triton.jit
+def _mix32(x):
+    """sampling._mix32, murmur3's 32-bit finaliser, in int64."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sample_candidates_kernel(values_ptr, ids_ptr, beyond_k_ptr, top_p_ptr, keys_ptr, keys_stride, hashes_ptr,
+                              out_ptr, num_candidates, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < num_candidates
+    cell = row * num_candidates + offs
+    values = tl.load(values_ptr + cell, mask=mask, other=float("-inf"))
+    beyond_k = tl.load(beyond_k_ptr + cell, mask=mask, other=1) != 0
+    values = tl.where(beyond_k, float("-inf"), values)
+    # a row with every candidate masked (a greedy row a static step draws for anyway, then throws away) gets zeros,
+    # not NaNs (the plain path's NaNs; an argmax over NaNs faults in the interpreter); any other row is unchanged: its
+    # best candidate's exp(0) = 1 makes its sum >= 1
+    best = tl.max(values, axis=0)
+    exp = tl.exp(values - tl.where(best == float("-inf"), 0.0, best))
+    total = tl.sum(exp, axis=0)
+    probs = exp / tl.where(total > 0.0, total, 1.0)
+    before = tl.cumsum(probs, axis=0) - probs
+    probs = tl.where(before >= tl.load(top_p_ptr + row), 0.0, probs)
+    ids = tl.load(ids_ptr + cell, mask=mask, other=0)
+    bits = _mix32(tl.load(keys_ptr + row * keys_stride) ^ tl.load(hashes_ptr + ids, mask=mask, other=0))
+    uniform = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * (2.0 ** -24), 1.0 - 2.0 ** -24)
+    race = tl.where(mask, probs / -tl.log(uniform), -1.0)
+    pick = tl.argmax(race, axis=0)
+    tl.store(out_ptr + row, tl.load(ids_ptr + row * num_candidates + pick))
+
+
+def sample_candidates(values: torch.Tensor, ids: torch.Tensor, beyond_k: torch.Tensor, top_p: torch.Tensor,
+                      keys: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
+    """sampling._sample_candidates after its topk: values, ids [B, C] (the rows' best scores and their ids, best
+    first), beyond_k [B, C], top_p [B, 1] (Warpers), keys [B] (a noise_keys column), hashes [V] (hash_ids) → the
+    drawn ids [B]."""
+    b, num_candidates = values.shape
+    out = torch.empty(b, dtype=ids.dtype, device=ids.device)
+    assert values.is_contiguous() and ids.is_contiguous() and beyond_k.stride(-1) == 1 and top_p.stride(-1) == 1
+    _sample_candidates_kernel[(b,)](values, ids, beyond_k, top_p, keys, keys.stride(0), hashes, out, num_candidates,
+                                    BLOCK=triton.next_power_of_2(num_candidates))
     return out

@@ -149,14 +149,14 @@ class Attention(nn.Module):
         # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, E] bool (True = attend) over slots 0..E-1
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         # lora: each row's adapter added to the linears (lora_slots.py); None: the plain linears, no extra kernel
+        if self.kernels is not None and lora is None:   # the mask's rule is the kernel's (fused_kernels.attention)
+            q = self.kernels.qk_norm_rope(F.linear(x, self.qkv_weight), self.num_heads, self.num_kv_heads,
+                                          self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache,
+                                          v_cache, slots)
+            return self.o_proj(self.kernels.attention(q, k_cache, v_cache, slots))
         b, length, _ = x.shape
         end = mask.shape[-1]
-        if self.kernels is not None and lora is None:
-            qkv = F.linear(x, self.qkv_weight)
-            q = self.kernels.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
-                                          self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache, slots)
-        else:
-            q = self._plain_q_and_cache(x, cos, sin, k_cache, v_cache, slots, lora)
+        q = self._plain_q_and_cache(x, cos, sin, k_cache, v_cache, slots, lora)
         out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)

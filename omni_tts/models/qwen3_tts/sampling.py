@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass, fields
+from types import ModuleType
 
 import torch
 
@@ -158,14 +159,15 @@ class RowWarpers:
         return functools.reduce(operator.or_, self.paths[rows], GREEDY)
 
 
-def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, paths: SamplingPaths
-                    ) -> torch.Tensor:
+def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, paths: SamplingPaths,
+                    kernels: ModuleType | None = None) -> torch.Tensor:
     """logits: [B, V] already penalised/suppressed; warpers: the rows' parameters over this vocabulary; keys: [B]
     the rows' noise keys for this draw (a `noise_keys` column). Returns ids [B].
 
     Rows with temperature 0 take the argmax; `paths` skips the work no row needs (GREEDY: all rows greedy), and
     running a path a row does not take leaves its draw unchanged. Sampling is the exponential race (argmax p/q with
-    q ~ Exp(1)), which is exactly categorical sampling and needs no host sync."""
+    q ~ Exp(1)), which is exactly categorical sampling and needs no host sync. kernels: fused_kernels, whose
+    `sample_candidates` draws a candidates-path row in one kernel (None: the plain ops)."""
     ids = logits.argmax(dim=-1)
     if paths == GREEDY:
         return ids
@@ -173,7 +175,7 @@ def warp_and_sample(logits: torch.Tensor, warpers: Warpers, keys: torch.Tensor, 
     if paths.full:
         ids = torch.where(warpers.by_sorted, _sample_sorted(scores, warpers, keys), ids)
     if paths.candidates:
-        ids = torch.where(warpers.by_candidates, _sample_candidates(scores, warpers, keys), ids)
+        ids = torch.where(warpers.by_candidates, _sample_candidates(scores, warpers, keys, kernels), ids)
     return ids
 
 
@@ -193,11 +195,15 @@ def _sample_sorted(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -
     return (probs / _noise(keys, warpers.hashes[None])).argmax(dim=-1)
 
 
-def _sample_candidates(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor) -> torch.Tensor:
+def _sample_candidates(scores: torch.Tensor, warpers: Warpers, keys: torch.Tensor,
+                       kernels: ModuleType | None = None) -> torch.Tensor:
     """0 < top_k <= CANDIDATES: the same warpers over the row's best ids only (exact ties at the k-th score keep
     the lower id, where the sorted path keeps them all). The ascending tail with mass <= 1 - p is, best first,
-    every candidate whose better candidates already hold mass >= p."""
+    every candidate whose better candidates already hold mass >= p. kernels: fused_kernels (everything after
+    the topk in one kernel), or None."""
     values, ids = scores.topk(warpers.beyond_k.shape[-1], dim=-1)                      # best first
+    if kernels is not None:
+        return kernels.sample_candidates(values, ids, warpers.beyond_k, warpers.top_p, keys, warpers.hashes)
     probs = values.masked_fill(warpers.beyond_k, float("-inf")).softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
     probs = probs.masked_fill(before >= warpers.top_p, 0.0)
@@ -256,18 +262,18 @@ class BatchSampler:
         talker, codebooks = self.paths(rows)
         return ALL_PATHS if talker.full or codebooks.full else CANDIDATES_ONLY
 
-    def sample_talker(self, logits: torch.Tensor, rows: slice, keys: torch.Tensor, paths: SamplingPaths
-                      ) -> torch.Tensor:
+    def sample_talker(self, logits: torch.Tensor, rows: slice, keys: torch.Tensor, paths: SamplingPaths,
+                      kernels: ModuleType | None = None) -> torch.Tensor:
         """logits: [B, talker_vocab] for `rows` (B rows) → c0 ids [B] (audio code or EOS), recorded as generated.
         keys: [B] the rows' stream-0 noise keys; paths: what the draw runs (greedy rows take the argmax whatever
-        it is)."""
+        it is); kernels: fused_kernels for the draw, or None (warp_and_sample)."""
         logits = logits.float()
         penalty = self.repetition_penalty[rows]
         penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits = torch.where(self.seen[rows], penalised, logits)
         too_early = (self.num_generated[rows] < MIN_NEW_TOKENS)[:, None] & self.eos_column
         logits = logits.masked_fill(too_early | self.suppressed, float("-inf"))
-        ids = warp_and_sample(logits, self.talker.rows(rows), keys, paths)
+        ids = warp_and_sample(logits, self.talker.rows(rows), keys, paths, kernels)
         self.seen[rows].scatter_(1, ids[:, None], True)
         self.num_generated[rows] += 1
         return ids

@@ -155,9 +155,12 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
         self.text_table: torch.Tensor | None = None
+        self.kernels: ModuleType | None = None   # use_fused_kernels: the step's draws take them too
 
     def use_fused_kernels(self, kernels: "ModuleType | None") -> None:
-        """The talker's and the code predictor's layers on `kernels` (import_fused_kernels), or the plain ops."""
+        """The talker's and the code predictor's layers, and the step's draws, on `kernels` (import_fused_kernels),
+        or the plain ops."""
+        self.kernels = kernels
         self.model.use_fused_kernels(kernels)
         self.code_predictor.model.use_fused_kernels(kernels)
 
