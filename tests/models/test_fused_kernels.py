@@ -194,7 +194,7 @@ def test_a_candidates_draw_in_one_kernel_draws_the_plain_draws_ids():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, monkeypatch):
-    """Three static-shape steps of two sampled rows (top-k 50, the checkpoints' default) on the tiny model, every
+    """Two static-shape steps of two sampled rows (top-k 50, the checkpoints' default) on the tiny model, every
     layer pass and draw on the kernels (none left plain). fp32: the same codes as the plain ops. bf16: attention
     rounds elsewhere than SDPA (the layer tests above bound it), which a sampled draw of random weights can amplify
     into other codes, so only that a whole frame is made."""
@@ -212,15 +212,16 @@ def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, m
             p = prepare(tts, SynthesisRequest(text=f"Sentence {i}: the quick brown fox.", voice="ryan",
                                               sampling=SamplingParams(temperature=0.9, top_k=50, seed=i)))
             engine.add_request(TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, p.max_tokens))
-        engine.step()   # the prefill and a first step
+        outputs = engine.step()   # the prefill and a first step
         launches.clear()
-        outputs = [o for _ in range(2) for o in engine.step()]
+        outputs += engine.step()
         frames.append([(o.request_id, o.frame.tolist()) for o in outputs])
     assert len(frames[1]) == 4 and all(len(frame) == 16 for _, frame in frames[1])
     if dtype == torch.float32:
         assert frames[1] == frames[0]
-    # a step: the talker's forward and the code predictor's 15, each 2 layers: per forward 2 norms a layer + the
-    # final norm, one q/k kernel, one attention and one SiLU·up a layer; and 16 draws, each one kernel after its topk
-    forwards, layers = 16 * 2, 2
+    # the second step: the talker's forward and the code predictor's 15, each 2 layers: per forward 2 norms a layer
+    # + the final norm, one q/k kernel, one attention and one SiLU·up a layer; and 16 draws, one kernel each after
+    # its topk
+    forwards, layers = 16, 2
     assert launches == {"add_rms_norm": forwards * (2 * layers + 1), "qk_norm_rope": forwards * layers,
                         "attention": forwards * layers, "silu_mul": forwards * layers, "sample_candidates": forwards}
