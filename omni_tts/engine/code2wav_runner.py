@@ -2,8 +2,9 @@
 
 A registered request owns one slot of a `DecoderStreamState` pool (every state tensor [capacity, ...]; the pool
 doubles when full). A decoder call for rows at slots s_1..s_n and F frames gathers their states into a batch state
-(one `index_select` per state tensor, the slots staged through pinned memory and copied without blocking), decodes,
-and scatters the rows back (`index_copy_`). With `static_shapes` every call has one of a fixed set of shapes, what a
+(the state is one arena a stream, decoder_state.StateLayout: one `index_select` for it and one for the positions,
+the slots staged through pinned memory and copied without blocking), decodes, and scatters the rows back (two
+`index_copy_`). With `static_shapes` every call has one of a fixed set of shapes, what a
 CUDA graph needs: the batch state and the codes are fixed buffers, rows are padded up to a rows bucket (padding
 rows read some row's state and are never written back), and F frames run as a sequence of `FRAME_SIZES` pieces (the
 streaming decoder is exact for any split). On CUDA one graph per (rows bucket, frame size) is captured at start-up,
@@ -74,8 +75,7 @@ class Code2WavRunner:
         if not self.free_slots:
             self._grow()
         slot = self.free_slots.pop()
-        for tensor in self.pool.tensors():
-            tensor[slot].zero_()
+        self.pool.zero_rows(slot, slot + 1)
         return slot
 
     def release(self, slot: int) -> None:
@@ -85,8 +85,8 @@ class Code2WavRunner:
         """Double the pool (a copy; the graphs read only the batch buffers, so they stay valid)."""
         old = self.pool
         self.pool = self.decoder.new_stream_state(2 * old.batch_size)
-        for new, tensor in zip(self.pool.tensors(), old.tensors()):
-            new[:old.batch_size] = tensor
+        self.pool.position[:old.batch_size] = old.position
+        self.pool.arena[:old.batch_size] = old.arena
         self.free_slots = list(range(old.batch_size, self.pool.batch_size))[::-1] + self.free_slots
         logger.info("code2wav: decoder state pool grown to %d streams", self.pool.batch_size)
 
@@ -167,7 +167,6 @@ class Code2WavRunner:
                     pool = graph.pool()
                     self.graphs[(rows, frames)] = (graph, out)
             torch.cuda.synchronize(self.device)
-            for tensor in self.batch.tensors():
-                tensor.zero_()
+            self.batch.zero_rows(0, self.batch.batch_size)
         logger.info("code2wav: captured %d CUDA graphs (rows %s x frames %s)", len(self.graphs), self.rows_buckets,
                     list(FRAME_SIZES))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,27 @@ def test_state_gather_scatter_and_row_views():
     fixed = model.new_stream_state(2)
     pool.gather_into(torch.tensor([1, 2]), fixed)
     assert fixed.position.tolist() == [11, 11]
+
+
+def test_a_streams_state_moves_as_one_arena_row():
+    """Every float state tensor is a view of the arena, so a batch is gathered, scattered back and a slot zeroed
+    in two kernels each (the arena's and the positions'), however many stateful layers the decoder has."""
+    sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
+    from bench_step_ops import OpCounter
+    model = tiny()
+    pool = model.new_stream_state(3)
+    views = pool.conv + pool.overlap + pool.keys + pool.values
+    assert len(views) > 8 and all(v.untyped_storage().data_ptr() == pool.arena.untyped_storage().data_ptr()
+                                  for v in views)
+    model.decode_chunk(random_codes(model, 3, 4, seed=8), pool)
+    batch, index = model.new_stream_state(2), torch.tensor([2, 0])
+    for move in (lambda: pool.gather_into(index, batch), lambda: pool.scatter(index, batch),
+                 lambda: pool.zero_rows(1, 2)):
+        with OpCounter() as counter:
+            move()
+        assert counter.totals()[1] == 2
+    assert pool.position.tolist() == [4, 0, 4] and not pool.arena[1].any() and pool.arena[0].any()
+    assert torch.equal(batch.keys[1][0], pool.keys[1][2]) and torch.equal(batch.conv[0][1], pool.conv[0][0])
 
 
 # ------------------------------------------------------------------------------------------------------------

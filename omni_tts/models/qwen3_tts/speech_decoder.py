@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .checkpoint_config import SpeechDecoderConfig
 from .decoder_convs import CausalConv1d, CausalConvTranspose1d, DecoderBlock, SnakeBeta, UpsampleStage
 from .decoder_quantizer import SplitRVQ
-from .decoder_state import DecoderStreamState
+from .decoder_state import DecoderStreamState, StateLayout
 from .decoder_transformer import PreTransformer
 
 
@@ -51,26 +51,17 @@ class SpeechDecoder(nn.Module):
             m.slot = i
         for i, layer in enumerate(self.pre_transformer.layers):
             layer.self_attn.layer = i
+        self.state_layout = StateLayout(
+            conv=tuple((m.conv.in_channels, m.history) for m in self._convs),
+            overlap=tuple((m.conv.out_channels, m.overlap) for m in self._tconvs),
+            kv=(cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim), num_layers=cfg.num_hidden_layers)
 
     def new_stream_state(self, batch_size: int = 1, device: torch.device | str | None = None,
                          dtype: torch.dtype | None = None) -> DecoderStreamState:
         """A zeroed state for `batch_size` new streams (position 0). Defaults: the weights' device and dtype."""
         weight = self.pre_conv.conv.weight
         device = weight.device if device is None else device
-        dtype = weight.dtype if dtype is None else dtype
-        cfg = self.cfg
-
-        def zeros(*shape: int) -> Tensor:
-            return torch.zeros(batch_size, *shape, device=device, dtype=dtype)
-
-        kv = (cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim)
-        return DecoderStreamState(
-            position=torch.zeros(batch_size, dtype=torch.long, device=device),
-            conv=[zeros(m.conv.in_channels, m.history) for m in self._convs],
-            overlap=[zeros(m.conv.out_channels, m.overlap) for m in self._tconvs],
-            keys=[zeros(*kv) for _ in range(cfg.num_hidden_layers)],
-            values=[zeros(*kv) for _ in range(cfg.num_hidden_layers)],
-        )
+        return self.state_layout.zeros(batch_size, device, weight.dtype if dtype is None else dtype)
 
     @torch.no_grad()
     def decode_chunk(self, codes: Tensor, state: DecoderStreamState) -> Tensor:
