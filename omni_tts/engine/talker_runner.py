@@ -83,7 +83,10 @@ class TalkerRunner:
         self.max_rows, self.max_model_len = max_rows, max_model_len
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.static_shapes = static_shapes or self.cuda_graphs
-        self.batch_buckets, self.slot_buckets = batch_buckets(max_rows), slot_buckets(max_model_len)
+        # the fused attention reads each row's keys up to its own slot: one slot bucket, the whole cache (a graph per
+        # rows bucket); the plain attention's cost follows the bucket
+        self.batch_buckets = batch_buckets(max_rows)
+        self.slot_buckets = [max_model_len] if talker.kernels is not None else slot_buckets(max_model_len)
         self.num_buffer_rows = _num_buffer_rows(max_rows, self.static_shapes)
         rows, hidden, dev, dt = self.num_buffer_rows, tc.hidden_size, self.device, self.dtype
         self.cache = KVCache(tc, rows, max_model_len, dev, dt)

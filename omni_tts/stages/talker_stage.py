@@ -8,6 +8,7 @@ LoadLoRA is read beside the loop (lora_reads.py) and loaded between two steps.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ from .messages import (STEP_SECONDS_BUCKETS, Abort, AddRequest, AppendText, Dura
                        FailureKind, GetStats, LoadLoRA, LoRALoaded, LoRAUnloaded, Ready, RequestFailure, Shutdown,
                        StageLaunch, StageStats, TalkerDone, UnloadLoRA, VoiceEmbedding)
 from .voice_features import FeatureJob, VoiceFeatureCache, VoiceFeatures, VoiceFeatureWorker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,10 +66,15 @@ class TalkerStage:
         self.tts = Qwen3TTS(launch.model_dir, device=cfg.device, dtype=getattr(torch, cfg.dtype), with_decoder=False)
         if cfg.fused_kernels and self.tts.device.type == "cuda":
             self.tts.talker.use_fused_kernels(import_fused_kernels(self.tts.dtype))
-        self.engine = TalkerEngine(self.tts.talker, self.tts.config, launch.max_batch_size, cfg.max_model_len,
-                                   cfg.max_prefill_tokens_per_step, cfg.max_text_tokens,
-                                   cuda_graphs=not cfg.enforce_eager, max_loras=cfg.max_loras,
-                                   max_lora_rank=cfg.max_lora_rank)
+        try:
+            self.engine = self._new_engine()
+        except Exception:   # a Triton kernel this device cannot compile fails the capture: serve, on the plain ops
+            if self.tts.talker.kernels is None:
+                raise
+            logger.exception("talker: the fused kernels failed on %s; the plain ops run (stages.talker.fused_kernels:"
+                             " false says so up front)", cfg.device)
+            self.tts.talker.use_fused_kernels(None)
+            self.engine = self._new_engine()
         for name, path in launch.loras.items():
             self.engine.load_lora(name, read_adapter(path, self.tts.config.talker, cfg.max_lora_rank))
         self.limits = PromptLimits(cfg.max_text_tokens, cfg.max_model_len)
@@ -80,6 +88,12 @@ class TalkerStage:
         self.lora_reads = LoRAReader(self.tts.config.talker, cfg.max_lora_rank, self.condition)
         self.requests: dict[str, TalkerStageRequest] = {}
         self.step_durations = DurationHistogram.empty(STEP_SECONDS_BUCKETS)
+
+    def _new_engine(self) -> TalkerEngine:
+        cfg = self.launch.config
+        return TalkerEngine(self.tts.talker, self.tts.config, self.launch.max_batch_size, cfg.max_model_len,
+                            cfg.max_prefill_tokens_per_step, cfg.max_text_tokens, cuda_graphs=not cfg.enforce_eager,
+                            max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
 
     def run(self) -> None:
         self.writer.start()

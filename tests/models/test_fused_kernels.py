@@ -17,9 +17,11 @@ from conftest import FIXTURES
 from omni_tts.engine.offline import prepare
 from omni_tts.engine.talker_engine import TalkerEngine, TalkerRequest
 from omni_tts.models.qwen3_tts.checkpoint_config import Qwen3TTSConfig
+from omni_tts.models.qwen3_tts.lora import read_adapter
 from omni_tts.models.qwen3_tts.layers import Attention, DecoderLayer, RMSNorm, causal_mask, rope_cos_sin
 from omni_tts.models.qwen3_tts.model import Qwen3TTS
 from omni_tts.models.qwen3_tts.prompt import SynthesisRequest
+from omni_tts.models.qwen3_tts.random_model import make_random_adapter
 from omni_tts.models.qwen3_tts.sampling import CANDIDATES_ONLY, RowWarpers, noise_keys, warp_and_sample
 from omni_tts.models.qwen3_tts.sampling_params import SamplingParams
 from omni_tts.models.qwen3_tts.talker import import_fused_kernels
@@ -225,3 +227,24 @@ def test_a_talker_step_on_the_fused_kernels_draws_the_plain_steps_codes(dtype, m
     forwards, layers = 16, 2
     assert launches == {"add_rms_norm": forwards * (2 * layers + 1), "qk_norm_rope": forwards * layers,
                         "attention": forwards * layers, "silu_mul": forwards * layers, "sample_candidates": forwards}
+
+
+def test_lora_rows_on_the_fused_kernels_draw_the_plain_steps_codes(tmp_path):
+    """A row on an adapter beside a row without, fp32: the adapters add to the packed projections' parts, packed
+    again for the kernels; the same greedy codes as the plain LoRA step, one graph-shaped slot bucket or not."""
+    tts = Qwen3TTS(str(FIXTURES / "tiny-custom-voice"))
+    adapter = read_adapter(make_random_adapter(str(tmp_path / "a"), str(FIXTURES / "tiny-custom-voice"), seed=1),
+                           tts.config.talker, 16)
+    frames = []
+    for kernels in (None, import_fused_kernels(torch.float32)):
+        tts.talker.use_fused_kernels(kernels)
+        engine = TalkerEngine(tts.talker, tts.config, 2, 300, 512, 64, static_shapes=True, max_loras=1)
+        engine.load_lora("a", adapter)
+        for i, lora in enumerate(("a", None)):
+            p = prepare(tts, SynthesisRequest(text=f"Sentence {i}: the quick brown fox.", voice="ryan",
+                                              sampling=SamplingParams(temperature=0)))
+            engine.add_request(TalkerRequest(str(i), p.prefill, p.trailing, p.sampling, p.max_tokens, lora=lora))
+        outputs = engine.step() + engine.step()
+        frames.append([(o.request_id, o.frame.tolist()) for o in outputs])
+    assert len(frames[1]) == 4 and frames[1] == frames[0]
+    assert engine.runner.slot_buckets == [300]   # the fused attention: one slot bucket

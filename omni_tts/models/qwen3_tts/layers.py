@@ -136,7 +136,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qkv_weight: torch.Tensor | None = None   # pack_projections()
-        self.kernels: ModuleType | None = None          # fused_kernels, when the stack uses them (packed q/k/v only)
+        self.kernels: ModuleType | None = None          # fused_kernels, when the stack uses them (packed q/k/v)
 
     def pack_projections(self) -> None:
         """q, k and v in one matmul (two kernels fewer a layer, and one read of the input): their weights concatenated
@@ -149,11 +149,15 @@ class Attention(nn.Module):
         # x: [B, L, hidden]; k_cache/v_cache: [B, kvh, S, D]; mask: [B, 1, L, E] bool (True = attend) over slots 0..E-1
         # slots: int = every row writes its L keys at slots..slots+L-1; [B] tensor = row b writes its one key at slots[b]
         # lora: each row's adapter added to the linears (lora_slots.py); None: the plain linears, no extra kernel
-        if self.kernels is not None and lora is None:   # the mask's rule is the kernel's (fused_kernels.attention)
-            q = self.kernels.qk_norm_rope(F.linear(x, self.qkv_weight), self.num_heads, self.num_kv_heads,
-                                          self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache,
-                                          v_cache, slots)
-            return self.o_proj(self.kernels.attention(q, k_cache, v_cache, slots))
+        if self.kernels is not None:   # the mask's rule is the kernel's (fused_kernels.attention)
+            qkv = F.linear(x, self.qkv_weight)
+            if lora is not None:   # the rows' adapters add to q, k and v apart: packed again for the kernel
+                qkv = torch.cat(lora.add("self_attn.qkv", x, qkv.split(
+                    (self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features), dim=-1)), dim=-1)
+            q = self.kernels.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                                          self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache, slots)
+            out = self.kernels.attention(q, k_cache, v_cache, slots)
+            return self.o_proj(out) if lora is None else lora.add("self_attn.o", out, (self.o_proj(out),))[0]
         b, length, _ = x.shape
         end = mask.shape[-1]
         q = self._plain_q_and_cache(x, cos, sin, k_cache, v_cache, slots, lora)
@@ -195,15 +199,19 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None   # pack_projections()
-        self.kernels: ModuleType | None = None              # fused_kernels, when the stack uses them (packed only)
+        self.kernels: ModuleType | None = None              # fused_kernels, when the stack uses them (packed)
 
     def pack_projections(self) -> None:
         """gate and up in one matmul (one kernel fewer a layer), as Attention's."""
         self.gate_up_weight = pack_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, lora: "LayerLoRA | None" = None) -> torch.Tensor:
-        if self.kernels is not None and lora is None:
-            return self.down_proj(self.kernels.silu_mul(F.linear(x, self.gate_up_weight)))
+        if self.kernels is not None:
+            gate_up = F.linear(x, self.gate_up_weight)
+            if lora is None:
+                return self.down_proj(self.kernels.silu_mul(gate_up))
+            h = self.kernels.silu_mul(torch.cat(lora.add("mlp.gate_up", x, gate_up.chunk(2, dim=-1)), dim=-1))
+            return lora.add("mlp.down", h, (self.down_proj(h),))[0]
         if self.gate_up_weight is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
@@ -250,8 +258,9 @@ class DecoderStack(nn.Module):
             layer.mlp.pack_projections()
 
     def use_fused_kernels(self, kernels: "ModuleType | None") -> None:
-        """Run the layers with `kernels` (fused_kernels; after pack_projections), or the plain ops (None). Rows with
-        a LoRA adapter keep the plain attention and MLP (their adapters add to the unpacked projections)."""
+        """Run the layers with `kernels` (fused_kernels; after pack_projections), or the plain ops (None). A forward
+        with LoRA rows adds their adapters to the packed projections' parts and packs them again (a concatenation
+        each) for the kernels."""
         assert kernels is None or self.layers[0].self_attn.qkv_weight is not None, "pack_projections first"
         for layer in self.layers:
             for module in (layer.input_layernorm, layer.post_attention_layernorm, layer.self_attn, layer.mlp):
