@@ -57,7 +57,9 @@ def test_shipped_layouts():
     t, c = one.stages.talker, one.stages.code2wav
     assert (t.device, t.dtype, t.max_batch_size, t.max_model_len) == ("cuda:0", "bfloat16", 64, 4096)
     assert (c.device, c.dtype, c.max_batch_size) == ("cuda:0", "bfloat16", 64)
-    assert (one.connector.initial_codec_chunk_frames, one.connector.codec_chunk_frames) == (1, 25)
+    assert one.connector.chunk_schedule == "auto"   # the leaders' profiles, by load
+    assert (one.connector.chunk_frames(None, 1), one.connector.chunk_frames(None, 8)) == ((1, 2, 4, 8, 12),
+                                                                                          (4, 4, 8, 16, 25))
     assert one.stages.talker.num_cache_rows == 64
 
     two = load_stage_config("qwen3_tts_2gpu")
