@@ -63,6 +63,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     """(RMSNorm(x + residual), x + residual) for x, residual: [..., n] contiguous (residual None: no add). The sum
     is written over x (a branch output the caller owns), so the step allocates nothing for it."""
     n = x.shape[-1]
+    assert x.is_contiguous() and (residual is None or residual.is_contiguous())
     out = torch.empty_like(x)
     _add_rms_norm_kernel[(x.numel() // n,)](
         x, x if residual is None else residual, weight, out, n, eps, HAS_RESIDUAL=residual is not None,
@@ -131,6 +132,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight:
     slots[b], L = 1). cos, sin: [B or 1, 1, L, D], sin's first half negated (layers.rope_cos_sin)."""
     b, length, _ = qkv.shape
     head_dim = q_weight.shape[0]
+    assert qkv.is_contiguous() and head_dim & (head_dim - 1) == 0, "a power-of-two head_dim (tl.arange)"
     q = torch.empty(b, num_heads, length, head_dim, device=qkv.device, dtype=qkv.dtype)
     row_slots = isinstance(slots, torch.Tensor)
     assert k_cache.stride(-1) == 1 and cos.stride(-1) == 1 and cos.stride() == sin.stride()
@@ -215,6 +217,7 @@ SILU_BLOCK = 1024
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) · up from the packed projection gate_up [..., 2n] (contiguous; gate first) → [..., n]."""
     n = gate_up.shape[-1] // 2
+    assert gate_up.is_contiguous()
     out = torch.empty(*gate_up.shape[:-1], n, device=gate_up.device, dtype=gate_up.dtype)
     block = min(SILU_BLOCK, triton.next_power_of_2(n))
     _silu_mul_kernel[(gate_up.numel() // (2 * n), triton.cdiv(n, block))](
