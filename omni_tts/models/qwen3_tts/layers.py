@@ -5,8 +5,9 @@ rotate-half RoPE is exact (model doc §4). Attention reads a static KV cache tha
 
 A stack runs its layers in the residual-stream form: each layer returns its MLP output and the running sum before
 it, and the next norm adds them (`RMSNorm.add_norm`), the same ops in the same order as `x = x + branch(norm(x))`.
-That form lets `DecoderStack.use_fused_kernels` replace the add and the norm by one kernel, and a layer's q/k norms,
-RoPE and cache write by another (fused_kernels.py): the GPU's path. The plain ops stay the reference (and the CPU's).
+That form lets `DecoderStack.use_fused_kernels` replace the add and the norm by one kernel, and the rest of a
+layer but its matmuls by three more (fused_kernels.py): the GPU's path. The plain ops stay the reference (and the
+CPU's).
 """
 from __future__ import annotations
 
